@@ -1,0 +1,135 @@
+//! The three traits a backend implements: [`Device`], [`Buffer`] and [`Kernel`].
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use crate::{DType, Layout, Op, Result};
+
+/// What a device is and can do. Kernels read limits from here at run time, never from constants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Backend name as used in device names: `cpu`, `wgpu`, `vulkan`, `hip`, `cuda`.
+    pub backend: String,
+    /// Index among the backend's devices.
+    pub ordinal: usize,
+    /// Human-readable adapter name.
+    pub name: String,
+    /// Dtypes the device can store and compute.
+    pub dtypes: Vec<DType>,
+    pub features: Features,
+    pub limits: Limits,
+}
+
+impl DeviceInfo {
+    /// `backend:ordinal`, the name [`crate::open_device`] accepts.
+    pub fn id(&self) -> String {
+        format!("{}:{}", self.backend, self.ordinal)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    pub f16: bool,
+    pub bf16: bool,
+    pub subgroups: bool,
+    pub cooperative_matrix: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest single allocation in bytes.
+    pub max_buffer_bytes: usize,
+    /// Largest range one kernel binding can address, in bytes.
+    pub max_binding_bytes: usize,
+    pub max_workgroup_size: usize,
+    pub max_workgroups_per_dim: usize,
+}
+
+/// Memory statistics of a device's caching allocator.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes handed out to live buffers (rounded to size classes).
+    pub in_use: usize,
+    /// Highest `in_use` since the device opened or `reset_peak`.
+    pub peak: usize,
+    /// Bytes held from the system: in use plus cached for reuse.
+    pub reserved: usize,
+    /// Allocation requests served.
+    pub allocations: u64,
+    /// Of those, served from the cache.
+    pub reuses: u64,
+    /// The cap on `reserved`, if any.
+    pub limit: Option<usize>,
+}
+
+impl MemoryStats {
+    pub fn reuse_rate(&self) -> f64 {
+        if self.allocations == 0 {
+            0.0
+        } else {
+            self.reuses as f64 / self.allocations as f64
+        }
+    }
+}
+
+/// Device memory. Dropping the last handle returns the memory to its device's pool, which hands
+/// it out again only after every queued use of it has finished.
+pub trait Buffer: Send + Sync + Debug {
+    /// Usable size in bytes (at least what was requested).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For the owning backend to reach its concrete type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A buffer region seen as a tensor: what a kernel launch reads or writes.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    pub buffer: &'a Arc<dyn Buffer>,
+    pub layout: &'a Layout,
+    pub dtype: DType,
+}
+
+/// One op descriptor compiled for one device.
+pub trait Kernel: Send + Sync + Debug {
+    fn op(&self) -> &Op;
+    /// Enqueues the op. `scalars` are the op's run-time parameters, as its catalog entry lists
+    /// them. Implementations call [`crate::ops::validate_launch`] before enqueueing anything.
+    fn launch(&self, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>], scalars: &[f64]) -> Result<()>;
+}
+
+/// One GPU, or the CPU. It owns its memory pool, its kernel cache and its queue; nothing it
+/// holds is shared with another device. Two threads may use one device at once.
+pub trait Device: Send + Sync + Debug {
+    fn info(&self) -> &DeviceInfo;
+    /// Allocates at least `bytes` bytes; contents are unspecified.
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>>;
+    /// Copies host bytes into `buffer` at `offset` (ordered after queued work).
+    fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()>;
+    /// Copies bytes out of `buffer` at `offset`; waits for queued work that writes it.
+    fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// The kernel for `op` with inputs of `input_dtypes`, compiled once and cached per device.
+    /// A backend that cannot run it returns [`crate::Error::Unsupported`].
+    fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>>;
+    /// Waits until all queued work has finished.
+    fn synchronize(&self) -> Result<()>;
+    fn memory(&self) -> MemoryStats;
+    /// Caps the bytes the pool may reserve (`None`: no cap). Allocations past it return
+    /// [`crate::Error::OutOfMemory`].
+    fn set_memory_limit(&self, limit: Option<usize>);
+    /// Returns cached, unused memory to the system.
+    fn empty_cache(&self);
+    /// Resets the `peak` statistic to the current `in_use`.
+    fn reset_peak(&self);
+    /// Host synchronizations so far (reads and `synchronize` calls), for tests that count them.
+    fn host_syncs(&self) -> u64;
+}
+
+/// Devices are compared by identity: two handles are the same device only if they point at the
+/// same instance.
+pub fn same_device(a: &Arc<dyn Device>, b: &Arc<dyn Device>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}

@@ -1,0 +1,79 @@
+//! The one error type of the runtime.
+
+use crate::DType;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every failure a user can reach. Messages name the op, the shapes and the dtypes involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Shapes that do not fit the op.
+    #[error("{op}: shape mismatch: {detail}")]
+    Shape { op: String, detail: String },
+    /// Dtypes that do not fit the op.
+    #[error("{op}: dtype mismatch: {detail}")]
+    DType { op: String, detail: String },
+    /// An axis beyond the tensor's rank.
+    #[error("{op}: axis {axis} out of range for a tensor of rank {rank} (shape {shape:?})")]
+    Axis { op: String, axis: isize, rank: usize, shape: Vec<usize> },
+    /// An index or range beyond a dimension.
+    #[error("{op}: index {index} out of range for dimension of size {size} (shape {shape:?})")]
+    Index { op: String, index: isize, size: usize, shape: Vec<usize> },
+    /// Tensors on different devices given to one op.
+    #[error("{op}: tensors on different devices: {first} and {second}; move them with `to_device` first")]
+    DeviceMismatch { op: String, first: String, second: String },
+    /// An input that is empty where the op needs at least one element.
+    #[error("{op}: empty input (shape {shape:?}) where at least one element is required")]
+    Empty { op: String, shape: Vec<usize> },
+    /// Anything else wrong with the arguments of a call.
+    #[error("{op}: invalid argument: {detail}")]
+    Invalid { op: String, detail: String },
+    /// The backend cannot run this op (for these dtypes). Never hidden by a fallback.
+    #[error("{backend} does not support {op}")]
+    Unsupported { backend: String, op: String },
+    /// The device's pool cannot satisfy an allocation under its limit. The device stays usable.
+    #[error("out of memory: requested {requested} bytes with {in_use} in use and a limit of {limit}")]
+    OutOfMemory { requested: usize, in_use: usize, limit: usize },
+    /// No device matches a name, or a backend failed to open one.
+    #[error("device {name}: {detail}")]
+    Device { name: String, detail: String },
+    /// A kernel failed to compile; carries the compiler log.
+    #[error("{backend}: kernel {op} failed to compile:\n{log}")]
+    Compile { backend: String, op: String, log: String },
+    /// Backend runtime failures (driver errors, lost devices).
+    #[error("{backend}: {detail}")]
+    Backend { backend: String, detail: String },
+    /// Malformed, truncated or inconsistent files (safetensors, configs, checkpoints).
+    #[error("{path}: {detail}")]
+    Format { path: String, detail: String },
+    /// File-system failures, with the path.
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+impl Error {
+    pub fn shape(op: &str, detail: impl Into<String>) -> Self {
+        Error::Shape { op: op.into(), detail: detail.into() }
+    }
+    pub fn dtype(op: &str, detail: impl Into<String>) -> Self {
+        Error::DType { op: op.into(), detail: detail.into() }
+    }
+    pub fn invalid(op: &str, detail: impl Into<String>) -> Self {
+        Error::Invalid { op: op.into(), detail: detail.into() }
+    }
+    pub fn format(path: impl Into<String>, detail: impl Into<String>) -> Self {
+        Error::Format { path: path.into(), detail: detail.into() }
+    }
+    pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
+        Error::Io { path: path.as_ref().display().to_string(), source }
+    }
+    pub fn unsupported(backend: &str, op: impl Into<String>) -> Self {
+        Error::Unsupported { backend: backend.into(), op: op.into() }
+    }
+}
+
+/// Formats dtypes for error messages: `[f32, i32]`.
+pub fn dtypes_str(dtypes: &[DType]) -> String {
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    format!("[{}]", names.join(", "))
+}

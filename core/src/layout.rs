@@ -1,0 +1,173 @@
+//! Shapes and strided layouts.
+//!
+//! A [`Layout`] places a logical n-dimensional array in a flat buffer: element `idx` lives at
+//! `offset + sum(idx[i] * strides[i])`, counted in elements of the buffer's dtype. Strides are
+//! non-negative; a stride of 0 broadcasts a dimension. Views (transpose, slice, expand) change
+//! the layout only and share the buffer.
+
+use crate::{Error, Result};
+
+/// Normalizes a possibly negative axis (`-1` is the last) against `rank`.
+pub fn normalize_axis(op: &str, axis: isize, shape: &[usize]) -> Result<usize> {
+    let rank = shape.len() as isize;
+    let a = if axis < 0 { axis + rank } else { axis };
+    if a < 0 || a >= rank {
+        return Err(Error::Axis { op: op.into(), axis, rank: shape.len(), shape: shape.to_vec() });
+    }
+    Ok(a as usize)
+}
+
+/// The number of elements of a shape.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Row-major strides for `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![0; shape.len()];
+    let mut s = 1;
+    for i in (0..shape.len()).rev() {
+        strides[i] = s;
+        s *= shape[i].max(1);
+    }
+    strides
+}
+
+/// The shape two shapes broadcast to (NumPy rules), or `None`.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for i in 0..rank {
+        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
+        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+impl Layout {
+    pub fn contiguous(shape: &[usize]) -> Layout {
+        Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
+    }
+
+    pub fn with_offset(mut self, offset: usize) -> Layout {
+        self.offset = offset;
+        self
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+
+    /// Row-major with no gaps (any offset). Size-1 dimensions may have any stride.
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for i in (0..self.shape.len()).rev() {
+            if self.shape[i] != 1 && self.strides[i] != expected {
+                return false;
+            }
+            expected *= self.shape[i];
+        }
+        true
+    }
+
+    /// One past the largest element index this layout touches (0 when empty).
+    pub fn extent(&self) -> usize {
+        if self.numel() == 0 {
+            return 0;
+        }
+        self.offset + self.shape.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
+    }
+
+    /// The flat element index of every logical element, in row-major order.
+    pub fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.numel();
+        let rank = self.rank();
+        let mut idx = vec![0usize; rank];
+        let mut pos = self.offset;
+        (0..n).map(move |i| {
+            if i > 0 {
+                for d in (0..rank).rev() {
+                    idx[d] += 1;
+                    pos += self.strides[d];
+                    if idx[d] < self.shape[d] {
+                        break;
+                    }
+                    pos -= self.strides[d] * idx[d];
+                    idx[d] = 0;
+                }
+            }
+            pos
+        })
+    }
+
+    pub fn transpose(&self, a: usize, b: usize) -> Layout {
+        let mut l = self.clone();
+        l.shape.swap(a, b);
+        l.strides.swap(a, b);
+        l
+    }
+
+    pub fn permute(&self, perm: &[usize]) -> Layout {
+        Layout {
+            shape: perm.iter().map(|&p| self.shape[p]).collect(),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            offset: self.offset,
+        }
+    }
+
+    /// Restricts `axis` to `start..start + len` (caller checks bounds).
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Layout {
+        let mut l = self.clone();
+        if len > 0 {
+            l.offset += start * l.strides[axis];
+        }
+        l.shape[axis] = len;
+        l
+    }
+
+    /// Broadcasts to `shape` with stride-0 dimensions, or `None` if the shapes do not broadcast.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Option<Layout> {
+        if shape.len() < self.rank() {
+            return None;
+        }
+        let lead = shape.len() - self.rank();
+        let mut strides = vec![0; shape.len()];
+        for i in 0..self.rank() {
+            let (have, want) = (self.shape[i], shape[lead + i]);
+            strides[lead + i] = if have == want {
+                self.strides[i]
+            } else if have == 1 {
+                0
+            } else {
+                return None;
+            };
+        }
+        Some(Layout { shape: shape.to_vec(), strides, offset: self.offset })
+    }
+
+    /// The same elements with a new shape, if expressible without copying: always for
+    /// contiguous layouts; otherwise `None` and the caller copies first.
+    pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
+        if numel(shape) != self.numel() || !self.is_contiguous() {
+            return None;
+        }
+        Some(Layout::contiguous(shape).with_offset(self.offset))
+    }
+}

@@ -1,0 +1,28 @@
+//! Tessera core: the traits backends implement ([`Device`], [`Buffer`], [`Kernel`]), dtypes and
+//! strided layouts, the op catalog ([`Op`]), the caching allocator, [`Tensor`] with define-by-run
+//! autograd, and everything built on tensors: nn modules, models, optimizers, data,
+//! checkpoints and generation.
+//!
+//! There is no global mutable state: devices own their pools and kernel caches, and the only
+//! per-thread state is the `no_grad` depth.
+
+mod device;
+mod dtype;
+mod error;
+mod layout;
+pub mod memory;
+pub mod ops;
+mod registry;
+pub mod rng;
+mod tensor;
+
+pub use device::{same_device, Buffer, Device, DeviceInfo, Features, Kernel, Limits, MemoryStats, TensorRef};
+pub use dtype::{decode_f64, encode_f64, DType, Element};
+pub use error::{dtypes_str, Error, Result};
+pub use layout::{broadcast_shapes, contiguous_strides, normalize_axis, numel, Layout};
+pub use ops::{BinaryOp, CompareOp, Conv2dParams, Op, ReduceOp, TensorSpec, UnaryOp};
+pub use registry::{default_device, devices, open_device, BackendEntry, DeviceListing};
+pub use tensor::{is_grad_enabled, no_grad, NoGradGuard, Tensor};
+
+/// Re-exported so backend crates register with the same `inventory` as core.
+pub use inventory;

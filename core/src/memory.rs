@@ -1,0 +1,133 @@
+//! The caching allocator every device uses (DESIGN §5).
+//!
+//! Requests round up to size classes with at most 1/8 waste. Freed blocks wait in per-class
+//! free lists; a block is handed out again only once its owner says it is ready (a GPU backend
+//! checks that the queue has passed the block's last use). `reserved` (in use plus cached) may
+//! not pass the limit: the pool first returns cached blocks to the system, then fails with
+//! [`Error::OutOfMemory`] and stays usable.
+
+use std::collections::HashMap;
+
+use crate::{Error, MemoryStats, Result};
+
+/// The size class of a request: a multiple of `2^(floor(log2 bytes) - 3)`, so at most 1/8
+/// larger than the request; at least 4 bytes.
+pub fn size_class(bytes: usize) -> usize {
+    let bytes = bytes.max(4);
+    let log = usize::BITS - 1 - bytes.leading_zeros();
+    let granule = 1usize << log.saturating_sub(3).max(2);
+    bytes.div_ceil(granule) * granule
+}
+
+/// A caching pool of blocks of type `B` (a backend's raw allocation).
+#[derive(Debug)]
+pub struct Pool<B> {
+    free: HashMap<usize, Vec<B>>,
+    cached: usize,
+    stats: MemoryStats,
+}
+
+impl<B> Default for Pool<B> {
+    fn default() -> Self {
+        Pool { free: HashMap::new(), cached: 0, stats: MemoryStats::default() }
+    }
+}
+
+impl<B> Pool<B> {
+    /// Takes a ready cached block of `bytes`' class, or creates one with `create(class)`.
+    /// Returns the block and its class (pass both back to [`Pool::release`]).
+    pub fn alloc(
+        &mut self,
+        bytes: usize,
+        ready: impl Fn(&B) -> bool,
+        create: impl FnOnce(usize) -> Result<B>,
+    ) -> Result<(B, usize)> {
+        let class = size_class(bytes);
+        self.stats.allocations += 1;
+        if let Some(list) = self.free.get_mut(&class) {
+            if let Some(pos) = list.iter().position(&ready) {
+                let block = list.swap_remove(pos);
+                self.cached -= class;
+                self.stats.reuses += 1;
+                self.note_in_use(class);
+                return Ok((block, class));
+            }
+        }
+        if let Some(limit) = self.stats.limit {
+            if self.stats.reserved + class > limit {
+                self.trim(&ready);
+            }
+            if self.stats.reserved + class > limit {
+                self.stats.allocations -= 1;
+                return Err(Error::OutOfMemory { requested: bytes, in_use: self.stats.in_use, limit });
+            }
+        }
+        let block = create(class).inspect_err(|_| self.stats.allocations -= 1)?;
+        self.stats.reserved += class;
+        self.note_in_use(class);
+        Ok((block, class))
+    }
+
+    fn note_in_use(&mut self, class: usize) {
+        self.stats.in_use += class;
+        self.stats.peak = self.stats.peak.max(self.stats.in_use);
+    }
+
+    /// Returns a block to the cache.
+    pub fn release(&mut self, block: B, class: usize) {
+        self.stats.in_use -= class;
+        self.cached += class;
+        self.free.entry(class).or_default().push(block);
+    }
+
+    /// Drops cached blocks that are ready, returning their memory.
+    pub fn trim(&mut self, ready: impl Fn(&B) -> bool) {
+        for (class, list) in self.free.iter_mut() {
+            let before = list.len();
+            list.retain(|b| !ready(b));
+            let freed = (before - list.len()) * class;
+            self.cached -= freed;
+            self.stats.reserved -= freed;
+        }
+        self.free.retain(|_, l| !l.is_empty());
+    }
+
+    pub fn set_limit(&mut self, limit: Option<usize>) {
+        self.stats.limit = limit;
+    }
+
+    pub fn reset_peak(&mut self) {
+        self.stats.peak = self.stats.in_use;
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_waste_at_most_an_eighth() {
+        for bytes in (1..5000).chain([1 << 20, (1 << 20) + 1, 123_456_789]) {
+            let c = size_class(bytes);
+            assert!(c >= bytes);
+            assert!((c - bytes.max(4)) * 8 <= bytes.max(4), "{bytes} -> {c}");
+        }
+    }
+
+    #[test]
+    fn limit_gives_out_of_memory_and_pool_recovers() {
+        let mut pool: Pool<Vec<u8>> = Pool::default();
+        pool.set_limit(Some(1000));
+        let (a, ca) = pool.alloc(600, |_| true, |c| Ok(vec![0; c])).unwrap();
+        let err = pool.alloc(600, |_| true, |c| Ok(vec![0; c])).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { requested: 600, .. }));
+        pool.release(a, ca);
+        let (b, _) = pool.alloc(600, |_| true, |c| Ok(vec![0; c])).unwrap();
+        assert_eq!(b.len(), ca);
+        assert_eq!(pool.stats().reuses, 1);
+    }
+}

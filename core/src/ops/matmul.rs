@@ -1,0 +1,50 @@
+//! Matrix multiplication with fused epilogues.
+//!
+//! `Matmul { bias, activation, residual }`: inputs `a [..., M, K]`, `b [..., K, N]`, then
+//! `bias [N]` if `bias`, then `residual [..., M, N]` if `residual`. The batch dims of `a` and
+//! `b` are equal (broadcast with stride-0 layouts); either operand may be transposed in place
+//! through its strides. Output `[..., M, N] = act(a @ b + bias) + residual`, accumulated in f32
+//! (f64 for f64). `activation` is one of relu, gelu (tanh) or silu. `K = 0` gives
+//! `act(bias) + residual`.
+
+use super::{require_float, require_same_dtype, specs_str, TensorSpec, UnaryOp};
+use crate::{Error, Result};
+
+pub(super) fn infer(
+    name: &str,
+    inputs: &[TensorSpec],
+    bias: bool,
+    activation: Option<UnaryOp>,
+    residual: bool,
+) -> Result<Vec<TensorSpec>> {
+    let all: Vec<usize> = (0..inputs.len()).collect();
+    require_float(name, inputs, &all)?;
+    require_same_dtype(name, inputs, &all)?;
+    if let Some(act) = activation {
+        if !act.is_epilogue_activation() {
+            return Err(Error::invalid(name, format!("{} is not an epilogue activation", act.name())));
+        }
+    }
+    let (a, b) = (&inputs[0].shape, &inputs[1].shape);
+    if a.len() < 2 || b.len() != a.len() {
+        return Err(Error::shape(name, format!("need a [..., M, K] and b [..., K, N] of one rank >= 2; got {}", specs_str(inputs))));
+    }
+    let r = a.len();
+    let (m, k, k2, n) = (a[r - 2], a[r - 1], b[r - 2], b[r - 1]);
+    if k != k2 || a[..r - 2] != b[..r - 2] {
+        return Err(Error::shape(name, format!("a [..., M, K] and b [..., K, N] do not fit: {}", specs_str(inputs))));
+    }
+    let mut out = a[..r - 2].to_vec();
+    out.extend([m, n]);
+    let mut next = 2;
+    if bias {
+        if inputs[next].shape != [n] {
+            return Err(Error::shape(name, format!("bias must be [{n}]; got {}", specs_str(inputs))));
+        }
+        next += 1;
+    }
+    if residual && inputs[next].shape != out {
+        return Err(Error::shape(name, format!("residual must be {out:?}; got {}", specs_str(inputs))));
+    }
+    Ok(vec![TensorSpec::new(&out, inputs[0].dtype)])
+}

@@ -1,0 +1,452 @@
+//! The op catalog.
+//!
+//! Every op the runtime can run, forward and backward, as a descriptor: an [`Op`] holds the
+//! op's kind and its static parameters (the things a backend may specialize a kernel on), and
+//! nothing that changes from call to call. Run-time floats (learning rates, epsilons, fill
+//! values, random keys) travel as launch scalars, listed by [`Op::scalar_names`], so kernel
+//! caches keyed by `Op` stay bounded.
+//!
+//! Each family file documents the exact semantics of its ops. [`Op::infer`] gives output specs
+//! from input specs and [`validate_launch`] checks a launch against them; backends call it
+//! before enqueueing. Backends match on `Op`; the conformance suite enumerates
+//! [`Op::catalog`], so a new op is tested on every backend the moment it exists.
+//!
+//! Kernel-level conventions, for all ops:
+//! - Elementwise, reduce, cast, copy and matmul ops read strided inputs in place (any strides,
+//!   stride 0 broadcasts). Every other op requires row-major inputs (any offset); the tensor
+//!   API makes inputs contiguous explicitly before calling it.
+//! - Outputs are row-major, except [`Op::Copy`], whose output may be any non-overlapping view.
+//! - Binary ops take inputs of the output's shape: broadcasting is expressed with stride-0
+//!   layouts by the caller.
+//! - f16 and bf16 are computed in f32; statistics outputs (norm mean/rstd, attention and
+//!   cross-entropy log-sum-exp, losses, norms) are f32, or f64 for f64 inputs.
+//! - Only optimizer updates write in place: their outputs may be the same buffers and layouts
+//!   as the corresponding inputs.
+
+mod attention;
+mod conv;
+mod elementwise;
+mod loss;
+mod matmul;
+mod movement;
+mod norm;
+mod optim;
+mod random;
+mod reduce;
+
+pub use conv::Conv2dParams;
+pub use elementwise::{BinaryOp, CompareOp, UnaryOp};
+pub use reduce::ReduceOp;
+
+use crate::error::dtypes_str;
+use crate::{DType, Error, Result, TensorRef};
+
+/// Shape and dtype of one tensor argument.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorSpec {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl TensorSpec {
+    pub fn new(shape: &[usize], dtype: DType) -> Self {
+        TensorSpec { shape: shape.to_vec(), dtype }
+    }
+}
+
+/// An op descriptor. See the family modules for each op's semantics, inputs, outputs and
+/// scalars.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    // random.rs: creation and random
+    Fill { dtype: DType },
+    Arange { dtype: DType },
+    RandUniform { dtype: DType },
+    RandNormal { dtype: DType },
+    // elementwise.rs
+    Cast { to: DType },
+    Copy,
+    Unary(UnaryOp),
+    UnaryBackward(UnaryOp),
+    Binary(BinaryOp),
+    Compare(CompareOp),
+    Where,
+    SwiGlu,
+    SwiGluBackward,
+    // reduce.rs
+    Reduce { op: ReduceOp, axes: Vec<usize>, keepdim: bool },
+    ArgMax { axis: usize, keepdim: bool },
+    Softmax,
+    LogSoftmax,
+    SoftmaxBackward,
+    LogSoftmaxBackward,
+    // matmul.rs
+    Matmul { bias: bool, activation: Option<UnaryOp>, residual: bool },
+    // movement.rs
+    Concat { axis: usize },
+    Embedding,
+    EmbeddingBackward,
+    Gather { axis: usize },
+    ScatterAdd { axis: usize },
+    // norm.rs
+    LayerNorm,
+    LayerNormBackward,
+    RmsNorm,
+    RmsNormBackward,
+    // attention.rs
+    Rotary,
+    Attention { causal: bool },
+    AttentionBackward { causal: bool },
+    // loss.rs
+    CrossEntropy,
+    CrossEntropyBackward,
+    // optim.rs
+    AdamUpdate { decoupled_weight_decay: bool },
+    SgdUpdate { momentum: bool, nesterov: bool },
+    SquaredNorm,
+    // conv.rs
+    Conv2d { params: Conv2dParams, bias: bool },
+    Conv2dBackwardData { params: Conv2dParams },
+    Conv2dBackwardWeight { params: Conv2dParams },
+}
+
+impl Op {
+    /// One representative of every op in the catalog. Ops with static parameters appear with
+    /// typical ones; the conformance samples vary them.
+    pub fn catalog() -> Vec<Op> {
+        use Op::*;
+        let mut ops = vec![
+            Fill { dtype: DType::F32 },
+            Arange { dtype: DType::F32 },
+            RandUniform { dtype: DType::F32 },
+            RandNormal { dtype: DType::F32 },
+            Cast { to: DType::F32 },
+            Copy,
+        ];
+        ops.extend(UnaryOp::ALL.iter().map(|&u| Unary(u)));
+        ops.extend(UnaryOp::ALL.iter().map(|&u| UnaryBackward(u)));
+        ops.extend(BinaryOp::ALL.iter().map(|&b| Binary(b)));
+        ops.extend(CompareOp::ALL.iter().map(|&c| Compare(c)));
+        ops.extend([Where, SwiGlu, SwiGluBackward]);
+        ops.extend(ReduceOp::ALL.iter().map(|&op| Reduce { op, axes: vec![0], keepdim: false }));
+        ops.extend([
+            ArgMax { axis: 0, keepdim: false },
+            Softmax,
+            LogSoftmax,
+            SoftmaxBackward,
+            LogSoftmaxBackward,
+            Matmul { bias: false, activation: None, residual: false },
+            Concat { axis: 0 },
+            Embedding,
+            EmbeddingBackward,
+            Gather { axis: 0 },
+            ScatterAdd { axis: 0 },
+            LayerNorm,
+            LayerNormBackward,
+            RmsNorm,
+            RmsNormBackward,
+            Rotary,
+            Attention { causal: true },
+            AttentionBackward { causal: true },
+            CrossEntropy,
+            CrossEntropyBackward,
+            AdamUpdate { decoupled_weight_decay: false },
+            AdamUpdate { decoupled_weight_decay: true },
+            SgdUpdate { momentum: true, nesterov: false },
+            SquaredNorm,
+            Conv2d { params: Conv2dParams::default(), bias: true },
+            Conv2dBackwardData { params: Conv2dParams::default() },
+            Conv2dBackwardWeight { params: Conv2dParams::default() },
+        ]);
+        ops
+    }
+
+    /// The catalog name: the same for every static parameter choice (`sum` for any axes).
+    pub fn name(&self) -> String {
+        use Op::*;
+        match self {
+            Fill { .. } => "fill".into(),
+            Arange { .. } => "arange".into(),
+            RandUniform { .. } => "rand_uniform".into(),
+            RandNormal { .. } => "rand_normal".into(),
+            Cast { .. } => "cast".into(),
+            Copy => "copy".into(),
+            Unary(u) => u.name().into(),
+            UnaryBackward(u) => format!("{}_backward", u.name()),
+            Binary(b) => b.name().into(),
+            Compare(c) => c.name().into(),
+            Where => "where".into(),
+            SwiGlu => "swiglu".into(),
+            SwiGluBackward => "swiglu_backward".into(),
+            Reduce { op, .. } => op.name().into(),
+            ArgMax { .. } => "argmax".into(),
+            Softmax => "softmax".into(),
+            LogSoftmax => "log_softmax".into(),
+            SoftmaxBackward => "softmax_backward".into(),
+            LogSoftmaxBackward => "log_softmax_backward".into(),
+            Matmul { .. } => "matmul".into(),
+            Concat { .. } => "concat".into(),
+            Embedding => "embedding".into(),
+            EmbeddingBackward => "embedding_backward".into(),
+            Gather { .. } => "gather".into(),
+            ScatterAdd { .. } => "scatter_add".into(),
+            LayerNorm => "layer_norm".into(),
+            LayerNormBackward => "layer_norm_backward".into(),
+            RmsNorm => "rms_norm".into(),
+            RmsNormBackward => "rms_norm_backward".into(),
+            Rotary => "rotary".into(),
+            Attention { .. } => "attention".into(),
+            AttentionBackward { .. } => "attention_backward".into(),
+            CrossEntropy => "cross_entropy".into(),
+            CrossEntropyBackward => "cross_entropy_backward".into(),
+            AdamUpdate { decoupled_weight_decay: true } => "adamw_update".into(),
+            AdamUpdate { decoupled_weight_decay: false } => "adam_update".into(),
+            SgdUpdate { .. } => "sgd_update".into(),
+            SquaredNorm => "squared_norm".into(),
+            Conv2d { .. } => "conv2d".into(),
+            Conv2dBackwardData { .. } => "conv2d_backward_data".into(),
+            Conv2dBackwardWeight { .. } => "conv2d_backward_weight".into(),
+        }
+    }
+
+    /// Names of the launch scalars, in order.
+    pub fn scalar_names(&self) -> &'static [&'static str] {
+        use Op::*;
+        match self {
+            Fill { .. } => &["value"],
+            Arange { .. } => &["start", "step"],
+            RandUniform { .. } => &["key_lo", "key_hi", "counter_lo", "counter_hi", "low", "high"],
+            RandNormal { .. } => &["key_lo", "key_hi", "counter_lo", "counter_hi", "mean", "std"],
+            Unary(u) | UnaryBackward(u) => u.scalar_names(),
+            LayerNorm | RmsNorm => &["eps"],
+            Attention { .. } | AttentionBackward { .. } => &["scale"],
+            AdamUpdate { .. } => &[
+                "lr",
+                "beta1",
+                "beta2",
+                "eps",
+                "weight_decay",
+                "bias_correction1",
+                "bias_correction2",
+            ],
+            SgdUpdate { .. } => &["lr", "momentum", "grad_coef", "weight_decay"],
+            _ => &[],
+        }
+    }
+
+    /// Whether the op reads strided inputs in place. Others need row-major inputs.
+    pub fn reads_strided(&self) -> bool {
+        use Op::*;
+        matches!(
+            self,
+            Cast { .. }
+                | Copy
+                | Unary(_)
+                | UnaryBackward(_)
+                | Binary(_)
+                | Compare(_)
+                | Where
+                | Reduce { .. }
+                | ArgMax { .. }
+                | Matmul { .. }
+        )
+    }
+
+    /// Whether outputs may alias the matching inputs (optimizer updates).
+    pub fn updates_in_place(&self) -> bool {
+        matches!(self, Op::AdamUpdate { .. } | Op::SgdUpdate { .. })
+    }
+
+    /// Whether the tensor API differentiates this op (so conformance checks its gradients).
+    pub fn differentiable(&self) -> bool {
+        use Op::*;
+        match self {
+            Unary(u) => u.differentiable(),
+            Cast { to } => to.is_float(),
+            Copy | Binary(_) | Where | SwiGlu | Softmax | LogSoftmax | Matmul { .. } | Concat { .. } => true,
+            Reduce { op, .. } => matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min),
+            Embedding | Gather { .. } | LayerNorm | RmsNorm | Rotary | Attention { .. } => true,
+            CrossEntropy | Conv2d { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// Output specs for the given inputs. `out_shape` is required by ops whose output shape
+    /// the inputs do not determine (creation ops, scatter-add, embedding and conv backward);
+    /// for the others it is checked when given.
+    pub fn infer(&self, inputs: &[TensorSpec], out_shape: Option<&[usize]>) -> Result<Vec<TensorSpec>> {
+        use Op::*;
+        let name = self.name();
+        let arity = self.arity();
+        if let Some(n) = arity {
+            if inputs.len() != n {
+                return Err(Error::invalid(&name, format!("expected {n} inputs, got {}", inputs.len())));
+            }
+        }
+        let out = match self {
+            Fill { dtype } | Arange { dtype } | RandUniform { dtype } | RandNormal { dtype } => {
+                random::infer(self, &name, *dtype, out_shape)?
+            }
+            Cast { .. } | Copy | Unary(_) | UnaryBackward(_) | Binary(_) | Compare(_) | Where | SwiGlu
+            | SwiGluBackward => elementwise::infer(self, &name, inputs)?,
+            Reduce { .. } | ArgMax { .. } | Softmax | LogSoftmax | SoftmaxBackward | LogSoftmaxBackward => {
+                reduce::infer(self, &name, inputs)?
+            }
+            Matmul { bias, activation, residual } => {
+                matmul::infer(&name, inputs, *bias, *activation, *residual)?
+            }
+            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
+                movement::infer(self, &name, inputs, out_shape)?
+            }
+            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => norm::infer(self, &name, inputs)?,
+            Rotary | Attention { .. } | AttentionBackward { .. } => attention::infer(self, &name, inputs)?,
+            CrossEntropy | CrossEntropyBackward => loss::infer(self, &name, inputs)?,
+            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => optim::infer(self, &name, inputs)?,
+            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
+                conv::infer(self, &name, inputs, out_shape)?
+            }
+        };
+        if let (Some(want), Some(first)) = (out_shape, out.first()) {
+            if first.shape != want {
+                return Err(Error::shape(
+                    &name,
+                    format!("output shape {want:?} given, but inputs {} give {:?}", specs_str(inputs), first.shape),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The fixed number of inputs, or `None` for variadic ops.
+    fn arity(&self) -> Option<usize> {
+        use Op::*;
+        Some(match self {
+            Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => 0,
+            Cast { .. } | Copy | Unary(_) | Reduce { .. } | ArgMax { .. } | Softmax | LogSoftmax => 1,
+            UnaryBackward(_) | Binary(_) | Compare(_) | SwiGlu | SoftmaxBackward | LogSoftmaxBackward => 2,
+            Where | SwiGluBackward => 3,
+            Matmul { bias, residual, .. } => 2 + usize::from(*bias) + usize::from(*residual),
+            Concat { .. } | SquaredNorm => return None,
+            Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => 2,
+            LayerNorm | Rotary => 3,
+            RmsNorm | CrossEntropy => 2,
+            LayerNormBackward => 5,
+            RmsNormBackward => 4,
+            Attention { .. } => 3,
+            AttentionBackward { .. } => 6,
+            CrossEntropyBackward => 4,
+            AdamUpdate { .. } => 5,
+            SgdUpdate { momentum, .. } => 3 + usize::from(*momentum),
+            Conv2d { bias, .. } => 2 + usize::from(*bias),
+            Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => 2,
+        })
+    }
+}
+
+/// Formats specs for error messages: `[2, 3] f32, [3] i32`.
+pub fn specs_str(specs: &[TensorSpec]) -> String {
+    let parts: Vec<String> = specs.iter().map(|s| format!("{:?} {}", s.shape, s.dtype)).collect();
+    parts.join(", ")
+}
+
+pub(crate) fn require_float(name: &str, inputs: &[TensorSpec], which: &[usize]) -> Result<()> {
+    for &i in which {
+        if !inputs[i].dtype.is_float() {
+            return Err(Error::dtype(name, format!("input {i} must be a float type; got {}", specs_str(inputs))));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn require_same_dtype(name: &str, inputs: &[TensorSpec], which: &[usize]) -> Result<()> {
+    let first = inputs[which[0]].dtype;
+    if which.iter().any(|&i| inputs[i].dtype != first) {
+        let d: Vec<DType> = which.iter().map(|&i| inputs[i].dtype).collect();
+        return Err(Error::dtype(name, format!("inputs must share one dtype; got {} ({})", dtypes_str(&d), specs_str(inputs))));
+    }
+    Ok(())
+}
+
+pub(crate) fn require_index(name: &str, inputs: &[TensorSpec], i: usize) -> Result<()> {
+    if !inputs[i].dtype.is_index() {
+        return Err(Error::dtype(name, format!("input {i} must be i32 or u32 indices; got {}", specs_str(inputs))));
+    }
+    Ok(())
+}
+
+/// Dtype of statistics outputs for inputs of `dtype`: f64 for f64, else f32.
+pub fn stats_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Checks a launch against the catalog before anything is enqueued: input and output counts,
+/// shapes and dtypes against [`Op::infer`], scalar count, every layout inside its buffer,
+/// row-major inputs where the op needs them, row-major outputs, and no output overlapping an
+/// input unless the op updates in place.
+pub fn validate_launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>], scalars: &[f64]) -> Result<()> {
+    let name = op.name();
+    let in_specs: Vec<TensorSpec> = inputs.iter().map(|t| TensorSpec::new(&t.layout.shape, t.dtype)).collect();
+    let out_hint = outputs.first().map(|t| t.layout.shape.as_slice());
+    let want = op.infer(&in_specs, out_hint)?;
+    if want.len() != outputs.len() {
+        return Err(Error::invalid(&name, format!("expected {} outputs, got {}", want.len(), outputs.len())));
+    }
+    for (i, (w, o)) in want.iter().zip(outputs).enumerate() {
+        if w.shape != o.layout.shape || w.dtype != o.dtype {
+            return Err(Error::shape(
+                &name,
+                format!("output {i} must be {:?} {}, got {:?} {}", w.shape, w.dtype, o.layout.shape, o.dtype),
+            ));
+        }
+    }
+    if scalars.len() != op.scalar_names().len() {
+        return Err(Error::invalid(
+            &name,
+            format!("expected scalars {:?}, got {} values", op.scalar_names(), scalars.len()),
+        ));
+    }
+    for (kind, list) in [("input", inputs), ("output", outputs)] {
+        for (i, t) in list.iter().enumerate() {
+            let need = t.layout.extent().checked_mul(t.dtype.size());
+            if need.is_none_or(|n| n > t.buffer.len()) || t.layout.shape.len() != t.layout.strides.len() {
+                return Err(Error::invalid(
+                    &name,
+                    format!("{kind} {i} layout {:?} does not fit its buffer of {} bytes", t.layout, t.buffer.len()),
+                ));
+            }
+        }
+    }
+    if !op.reads_strided() {
+        if let Some(i) = inputs.iter().position(|t| !t.layout.is_contiguous()) {
+            return Err(Error::invalid(&name, format!("input {i} must be row-major; got {:?}", inputs[i].layout)));
+        }
+    }
+    if !matches!(op, Op::Copy) {
+        if let Some(i) = outputs.iter().position(|t| !t.layout.is_contiguous()) {
+            return Err(Error::invalid(&name, format!("output {i} must be row-major; got {:?}", outputs[i].layout)));
+        }
+    }
+    for (oi, o) in outputs.iter().enumerate() {
+        for (ii, i) in inputs.iter().enumerate() {
+            let in_place = op.updates_in_place() && oi == ii && i.layout == o.layout;
+            if !in_place && overlaps(o, i) {
+                return Err(Error::invalid(&name, format!("output {oi} overlaps input {ii}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn overlaps(a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
+    if !std::ptr::addr_eq(std::sync::Arc::as_ptr(a.buffer), std::sync::Arc::as_ptr(b.buffer)) {
+        return false;
+    }
+    let range = |t: &TensorRef<'_>| (t.layout.offset * t.dtype.size(), t.layout.extent() * t.dtype.size());
+    let (a0, a1) = range(a);
+    let (b0, b1) = range(b);
+    a1 > a0 && b1 > b0 && a0 < b1 && b0 < a1
+}

@@ -1,0 +1,102 @@
+//! Backend registration and device selection.
+//!
+//! Each backend crate submits a [`BackendEntry`] with `inventory::submit!`. Nothing here is
+//! mutable: [`open_device`] returns a new device instance on every call, each with its own pool
+//! and kernel cache.
+
+use std::sync::Arc;
+
+use crate::{Device, Error, Result};
+
+/// A backend as it registers itself.
+pub struct BackendEntry {
+    /// The prefix of its device names (`cpu`, `wgpu`, ...).
+    pub name: &'static str,
+    /// Higher is preferred when no device is named.
+    pub priority: i32,
+    /// Lists the devices present, as human-readable names by ordinal. Must not panic when a
+    /// driver or library is missing: it reports no devices instead.
+    pub probe: fn() -> Vec<String>,
+    /// Opens device `ordinal`.
+    pub open: fn(usize) -> Result<Arc<dyn Device>>,
+}
+
+inventory::collect!(BackendEntry);
+
+/// A device found by probing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceListing {
+    /// `backend:ordinal`.
+    pub id: String,
+    pub backend: &'static str,
+    pub name: String,
+    pub priority: i32,
+}
+
+fn entries() -> Vec<&'static BackendEntry> {
+    let mut all: Vec<&BackendEntry> = inventory::iter::<BackendEntry>.into_iter().collect();
+    all.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.name.cmp(b.name)));
+    all
+}
+
+/// Every device present, best first.
+pub fn devices() -> Vec<DeviceListing> {
+    let mut out = Vec::new();
+    for e in entries() {
+        for (ordinal, name) in (e.probe)().into_iter().enumerate() {
+            out.push(DeviceListing { id: format!("{}:{ordinal}", e.name), backend: e.name, name, priority: e.priority });
+        }
+    }
+    out
+}
+
+/// Opens a device by name: `cpu`, `cpu:0`, `wgpu:1`. A bare backend name means ordinal 0.
+pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
+    let (backend, ordinal) = match spec.split_once(':') {
+        Some((b, o)) => {
+            let ordinal = o.parse::<usize>().map_err(|_| Error::Device {
+                name: spec.into(),
+                detail: "expected backend:ordinal, e.g. cpu:0".into(),
+            })?;
+            (b, ordinal)
+        }
+        None => (spec, 0),
+    };
+    let all = entries();
+    let entry = all.iter().find(|e| e.name == backend).ok_or_else(|| Error::Device {
+        name: spec.into(),
+        detail: format!(
+            "no such backend; compiled in: {} (enable others with cargo features)",
+            all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+        ),
+    })?;
+    let present = (entry.probe)();
+    if ordinal >= present.len() {
+        return Err(Error::Device {
+            name: spec.into(),
+            detail: format!("backend {backend} has {} device(s) present", present.len()),
+        });
+    }
+    (entry.open)(ordinal)
+}
+
+/// The device named by `TESSERA_DEVICE`, else the best device present.
+pub fn default_device() -> Result<Arc<dyn Device>> {
+    if let Ok(spec) = std::env::var("TESSERA_DEVICE") {
+        if !spec.is_empty() {
+            return open_device(&spec);
+        }
+    }
+    let best = devices().into_iter().next().ok_or_else(|| Error::Device {
+        name: "default".into(),
+        detail: "no backend reports a device".into(),
+    })?;
+    open_device(&best.id)
+}
+
+impl dyn Device {
+    /// Opens a device by name; see [`open_device`].
+    pub fn open(spec: &str) -> Result<Arc<dyn Device>> {
+        open_device(spec)
+    }
+}

@@ -1,0 +1,386 @@
+//! Define-by-run reverse-mode autograd, written once for every backend.
+//!
+//! A tensor computed from inputs that require gradients carries a [`Node`]: its inputs and a
+//! function from the output's gradient to the inputs' gradients, expressed in catalog ops so it
+//! runs on the same device. [`Tensor::backward`] walks the nodes in reverse topological order
+//! on one thread and adds gradients into leaves, where they accumulate until
+//! [`Tensor::zero_grad`]. Recording stops inside [`no_grad`] scopes; the depth is per thread,
+//! like PyTorch's grad mode.
+
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::Tensor;
+use crate::{BinaryOp, CompareOp, Error, Op, ReduceOp, Result};
+
+type BackwardFn = dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
+
+pub(crate) struct Node {
+    inputs: Vec<Tensor>,
+    backward: Box<BackwardFn>,
+    name: String,
+}
+
+thread_local! {
+    static NO_GRAD_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Disables recording on this thread until dropped.
+pub struct NoGradGuard(());
+
+impl Drop for NoGradGuard {
+    fn drop(&mut self) {
+        NO_GRAD_DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
+/// Starts a scope in which no op is recorded: `let _guard = no_grad();`.
+pub fn no_grad() -> NoGradGuard {
+    NO_GRAD_DEPTH.with(|d| d.set(d.get() + 1));
+    NoGradGuard(())
+}
+
+pub fn is_grad_enabled() -> bool {
+    NO_GRAD_DEPTH.with(|d| d.get() == 0)
+}
+
+fn attach(out: Tensor, inputs: &[&Tensor], name: String, backward: Box<BackwardFn>) -> Tensor {
+    let node = Node { inputs: inputs.iter().map(|t| (*t).clone()).collect(), backward, name };
+    out.with_node(Some(Arc::new(node)))
+}
+
+fn wants_grad(inputs: &[&Tensor]) -> bool {
+    is_grad_enabled() && inputs.iter().any(|t| t.0.requires_grad)
+}
+
+/// Attaches the backward of `op` to its first output when gradients are wanted.
+pub(super) fn record(op: &Op, inputs: &[&Tensor], scalars: &[f64], mut outputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+    if !op.differentiable() || !wants_grad(inputs) || outputs.is_empty() {
+        return Ok(outputs);
+    }
+    let saved_inputs: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
+    // Outputs are saved without their history, so the graph holds no cycle.
+    let saved_outputs: Vec<Tensor> = outputs.iter().map(Tensor::detach).collect();
+    let (op_c, scalars) = (op.clone(), scalars.to_vec());
+    let backward = Box::new(move |g: &Tensor| vjp(&op_c, &saved_inputs, &saved_outputs, &scalars, g));
+    let first = outputs.remove(0);
+    outputs.insert(0, attach(first, inputs, op.name(), backward));
+    Ok(outputs)
+}
+
+/// Views that carry gradients back to their source.
+pub(super) enum ViewKind {
+    Reshape,
+    Transpose(usize, usize),
+    Permute(Vec<usize>),
+    Narrow { axis: usize, start: usize },
+    Expand,
+}
+
+pub(super) fn record_view(out: Tensor, src: &Tensor, kind: ViewKind) -> Result<Tensor> {
+    if !wants_grad(&[src]) {
+        return Ok(out);
+    }
+    let src_shape = src.shape().to_vec();
+    let backward: Box<BackwardFn> = Box::new(move |g: &Tensor| {
+        let gi = match &kind {
+            ViewKind::Reshape => g.reshape(&src_shape)?,
+            ViewKind::Transpose(a, b) => g.transpose(*a as isize, *b as isize)?,
+            ViewKind::Permute(perm) => {
+                let mut inverse = vec![0; perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    inverse[p] = i;
+                }
+                g.permute(&inverse)?
+            }
+            ViewKind::Narrow { axis, start } => g.pad_into(&src_shape, *axis, *start)?,
+            ViewKind::Expand => g.sum_to_shape(&src_shape)?,
+        };
+        Ok(vec![Some(gi)])
+    });
+    Ok(attach(out, &[src], "view".into(), backward))
+}
+
+impl Tensor {
+    /// A leaf handle on the same storage that records gradients into [`Tensor::grad`].
+    pub fn requires_grad(&self) -> Tensor {
+        Tensor(Arc::new(super::Inner {
+            buffer: self.0.buffer.clone(),
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            device: self.0.device.clone(),
+            node: None,
+            requires_grad: true,
+            grad: std::sync::Mutex::new(None),
+        }))
+    }
+
+    /// Whether gradients flow into or through this tensor.
+    pub fn tracks_grad(&self) -> bool {
+        self.0.requires_grad
+    }
+
+    /// The accumulated gradient of a leaf.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the accumulated gradient (optimizers and gradient clipping use this).
+    pub fn set_grad(&self, grad: Option<Tensor>) {
+        *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
+    }
+
+    pub fn zero_grad(&self) {
+        self.set_grad(None);
+    }
+
+    /// Backpropagates from a one-element tensor (seed 1).
+    pub fn backward(&self) -> Result<()> {
+        if self.numel() != 1 {
+            return Err(Error::shape("backward", format!("needs a one-element tensor or an explicit gradient; shape {:?}", self.shape())));
+        }
+        let seed = Tensor::ones(self.shape(), self.dtype(), self.device())?;
+        self.backward_with(&seed)
+    }
+
+    /// Backpropagates `grad` (the gradient of some scalar with respect to this tensor).
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        if !self.0.requires_grad {
+            return Err(Error::invalid("backward", "the tensor does not require gradients"));
+        }
+        if grad.shape() != self.shape() || grad.dtype() != self.dtype() {
+            return Err(Error::shape(
+                "backward",
+                format!("gradient {:?} {} does not match tensor {:?} {}", grad.shape(), grad.dtype(), self.shape(), self.dtype()),
+            ));
+        }
+        let _guard = no_grad();
+        let Some(root) = self.0.node.clone() else {
+            return accumulate_leaf(self, grad.clone());
+        };
+        let order = topological_order(&root);
+        let mut grads: HashMap<usize, Tensor> = HashMap::new();
+        grads.insert(node_id(&root), grad.clone());
+        for node in order.iter().rev() {
+            let Some(g) = grads.remove(&node_id(node)) else { continue };
+            let input_grads = (node.backward)(&g)?;
+            for (input, gi) in node.inputs.iter().zip(input_grads) {
+                let Some(gi) = gi else { continue };
+                if !input.0.requires_grad {
+                    continue;
+                }
+                if gi.shape() != input.shape() || gi.dtype() != input.dtype() {
+                    return Err(Error::shape(
+                        &node.name,
+                        format!("backward produced {:?} {} for an input of {:?} {}", gi.shape(), gi.dtype(), input.shape(), input.dtype()),
+                    ));
+                }
+                match &input.0.node {
+                    Some(n) => {
+                        let id = node_id(n);
+                        let sum = match grads.remove(&id) {
+                            Some(prev) => prev.add(&gi)?,
+                            None => gi,
+                        };
+                        grads.insert(id, sum);
+                    }
+                    None => accumulate_leaf(input, gi)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn accumulate_leaf(leaf: &Tensor, g: Tensor) -> Result<()> {
+    let mut slot = leaf.0.grad.lock().unwrap_or_else(|e| e.into_inner());
+    let sum = match slot.take() {
+        Some(prev) => prev.add(&g)?,
+        None => g.contiguous()?,
+    };
+    *slot = Some(sum);
+    Ok(())
+}
+
+fn node_id(n: &Arc<Node>) -> usize {
+    Arc::as_ptr(n) as usize
+}
+
+/// Nodes reachable from `root` in post-order: each node after the nodes producing its inputs.
+fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
+    let mut order = Vec::new();
+    let mut visited = HashSet::new();
+    let mut stack: Vec<(Arc<Node>, bool)> = vec![(root.clone(), false)];
+    while let Some((node, expanded)) = stack.pop() {
+        if expanded {
+            order.push(node);
+            continue;
+        }
+        if !visited.insert(node_id(&node)) {
+            continue;
+        }
+        stack.push((node.clone(), true));
+        for input in &node.inputs {
+            if let Some(n) = &input.0.node {
+                if !visited.contains(&node_id(n)) {
+                    stack.push((n.clone(), false));
+                }
+            }
+        }
+    }
+    order
+}
+
+fn first(outputs: Vec<Tensor>) -> Tensor {
+    outputs.into_iter().next().expect("catalog ops have at least one output")
+}
+
+/// The vector-Jacobian product of `op`: input gradients from the first output's gradient.
+fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    let run = |op: Op, inputs: &[&Tensor], scalars: &[f64], out: Option<&[usize]>| -> Result<Tensor> {
+        Ok(first(Tensor::apply(&op, inputs, scalars, out)?))
+    };
+    Ok(match op {
+        Op::Cast { .. } => vec![x[0].dtype().is_float().then(|| g.to_dtype(x[0].dtype())).transpose()?],
+        Op::Copy => vec![Some(g.clone())],
+        Op::Unary(u) => vec![Some(run(Op::UnaryBackward(*u), &[&x[0], g], scalars, None)?)],
+        Op::Binary(b) => {
+            let (a, bb) = (&x[0], &x[1]);
+            match b {
+                BinaryOp::Add => vec![Some(g.clone()), Some(g.clone())],
+                BinaryOp::Sub => vec![Some(g.clone()), Some(g.neg()?)],
+                BinaryOp::Mul => vec![Some(g.mul(bb)?), Some(g.mul(a)?)],
+                BinaryOp::Div => vec![Some(g.div(bb)?), Some(g.mul(&y[0])?.div(bb)?.neg()?)],
+                BinaryOp::Maximum | BinaryOp::Minimum => {
+                    let cmp = if *b == BinaryOp::Maximum { CompareOp::Ge } else { CompareOp::Le };
+                    let to_a = run(Op::Compare(cmp), &[a, bb], &[], None)?;
+                    let zero = Tensor::zeros(&[], g.dtype(), g.device())?.expand(g.shape())?;
+                    vec![Some(Tensor::where_(&to_a, g, &zero)?), Some(Tensor::where_(&to_a, &zero, g)?)]
+                }
+                BinaryOp::Pow => {
+                    let da = g.mul(bb)?.mul(&a.pow(&bb.affine(1.0, -1.0)?)?)?;
+                    let db = g.mul(&y[0])?.mul(&a.log()?)?;
+                    vec![Some(da), Some(db)]
+                }
+            }
+        }
+        Op::Where => {
+            let zero = Tensor::zeros(&[], g.dtype(), g.device())?.expand(g.shape())?;
+            vec![None, Some(Tensor::where_(&x[0], g, &zero)?), Some(Tensor::where_(&x[0], &zero, g)?)]
+        }
+        Op::SwiGlu => {
+            let mut d = Tensor::apply(&Op::SwiGluBackward, &[&x[0], &x[1], g], &[], None)?;
+            let du = d.pop();
+            vec![d.pop(), du]
+        }
+        Op::Reduce { op: kind, axes, .. } => {
+            let shape = x[0].shape();
+            let kept = crate::ops::ReduceOp::kept_shape(shape, axes);
+            let gk = g.reshape(&kept)?;
+            let count: usize = axes.iter().map(|&a| shape[a]).product();
+            let gi = match kind {
+                ReduceOp::Sum => gk.expand(shape)?,
+                ReduceOp::Mean => gk.affine(1.0 / count as f64, 0.0)?.expand(shape)?,
+                ReduceOp::Max | ReduceOp::Min => {
+                    let yk = y[0].reshape(&kept)?.expand(shape)?;
+                    let mask = run(Op::Compare(CompareOp::Eq), &[&x[0], &yk], &[], None)?.to_dtype(g.dtype())?;
+                    let ties = mask.sum(axes, true)?;
+                    mask.mul(&gk.div(&ties)?.expand(shape)?)?
+                }
+            };
+            vec![Some(gi)]
+        }
+        Op::Softmax => vec![Some(run(Op::SoftmaxBackward, &[&y[0], g], &[], None)?)],
+        Op::LogSoftmax => vec![Some(run(Op::LogSoftmaxBackward, &[&y[0], g], &[], None)?)],
+        Op::Matmul { bias, activation, residual } => {
+            let (a, b) = (&x[0], &x[1]);
+            let g_pre = match activation {
+                Some(act) => {
+                    let inputs: Vec<&Tensor> = x[..2 + usize::from(*bias)].iter().collect();
+                    let pre = run(Op::Matmul { bias: *bias, activation: None, residual: false }, &inputs, &[], None)?;
+                    run(Op::UnaryBackward(*act), &[&pre, g], &[], None)?
+                }
+                None => g.clone(),
+            };
+            let mut grads = vec![Some(g_pre.matmul(&b.transpose(-1, -2)?)?), Some(a.transpose(-1, -2)?.matmul(&g_pre)?)];
+            if *bias {
+                let lead: Vec<usize> = (0..g.rank() - 1).collect();
+                grads.push(Some(g_pre.sum(&lead, false)?));
+            }
+            if *residual {
+                grads.push(Some(g.clone()));
+            }
+            grads
+        }
+        Op::Concat { axis } => {
+            let mut start = 0;
+            let mut grads = Vec::with_capacity(x.len());
+            for t in x {
+                let len = t.shape()[*axis];
+                grads.push(Some(g.narrow(*axis as isize, start, len)?));
+                start += len;
+            }
+            grads
+        }
+        Op::Embedding => vec![Some(run(Op::EmbeddingBackward, &[&x[1], g], &[], Some(x[0].shape()))?), None],
+        Op::Gather { axis } => vec![Some(run(Op::ScatterAdd { axis: *axis }, &[&x[1], g], &[], Some(x[0].shape()))?), None],
+        Op::LayerNorm => {
+            let d = Tensor::apply(&Op::LayerNormBackward, &[&x[0], &x[1], &y[1], &y[2], g], &[], None)?;
+            d.into_iter().map(Some).collect()
+        }
+        Op::RmsNorm => {
+            let d = Tensor::apply(&Op::RmsNormBackward, &[&x[0], &x[1], &y[1], g], &[], None)?;
+            d.into_iter().map(Some).collect()
+        }
+        Op::Rotary => vec![Some(run(Op::Rotary, &[g, &x[1], &x[2].neg()?], &[], None)?), None, None],
+        Op::Attention { causal } => {
+            let inputs = [&x[0], &x[1], &x[2], &y[0], &y[1], g];
+            let d = Tensor::apply(&Op::AttentionBackward { causal: *causal }, &inputs, scalars, None)?;
+            d.into_iter().map(Some).collect()
+        }
+        Op::CrossEntropy => vec![Some(run(Op::CrossEntropyBackward, &[&x[0], &x[1], &y[1], g], &[], None)?), None],
+        Op::Conv2d { params, bias } => {
+            let p = *params;
+            let mut grads = vec![
+                Some(run(Op::Conv2dBackwardData { params: p }, &[g, &x[1]], &[], Some(x[0].shape()))?),
+                Some(run(Op::Conv2dBackwardWeight { params: p }, &[&x[0], g], &[], Some(x[1].shape()))?),
+            ];
+            if *bias {
+                grads.push(Some(g.sum(&[0, 2, 3], false)?));
+            }
+            grads
+        }
+        other => return Err(Error::invalid(&other.name(), "has no gradient")),
+    })
+}
+
+impl ReduceOp {
+    /// The shape of a reduction's output with the reduced axes kept as size 1.
+    pub fn kept_shape(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+        shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
+    }
+}
+
+impl Tensor {
+    /// Zeros of `shape` with this tensor written at `start` along `axis` (narrow's gradient).
+    pub(super) fn pad_into(&self, shape: &[usize], axis: usize, start: usize) -> Result<Tensor> {
+        let out = Tensor::zeros(shape, self.dtype(), self.device())?;
+        let region = out.layout().narrow(axis, start, self.shape()[axis]);
+        let kernel = self.device().kernel(&Op::Copy, &[self.dtype()])?;
+        let dst = crate::TensorRef { buffer: out.buffer(), layout: &region, dtype: self.dtype() };
+        kernel.launch(&[self.as_ref()], &[dst], &[])?;
+        Ok(out)
+    }
+
+    /// Sums broadcast dimensions away so the result has `shape` (expand's gradient).
+    pub(super) fn sum_to_shape(&self, shape: &[usize]) -> Result<Tensor> {
+        let lead = self.rank() - shape.len();
+        let axes: Vec<usize> = (0..self.rank()).filter(|&i| i < lead || (shape[i - lead] == 1 && self.shape()[i] != 1)).collect();
+        if axes.is_empty() {
+            return self.reshape(shape);
+        }
+        self.sum(&axes, true)?.reshape(shape)
+    }
+}
+

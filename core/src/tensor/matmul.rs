@@ -1,0 +1,55 @@
+//! Matrix products.
+
+use super::Tensor;
+use crate::{broadcast_shapes, Error, Op, Result, UnaryOp};
+
+impl Tensor {
+    /// `self @ other` for operands of rank >= 2; batch dimensions broadcast.
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.matmul_fused(other, None, None, None)
+    }
+
+    /// `act(self @ other + bias) + residual`, in one kernel. `bias` is `[N]`; `residual` has
+    /// the output's shape; `activation` is relu, gelu or silu.
+    pub fn matmul_fused(
+        &self,
+        other: &Tensor,
+        bias: Option<&Tensor>,
+        activation: Option<UnaryOp>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (a, b) = (self.shape(), other.shape());
+        if a.len() < 2 || b.len() < 2 {
+            return Err(Error::shape("matmul", format!("operands need rank >= 2; got {a:?} {} and {b:?} {}", self.dtype(), other.dtype())));
+        }
+        let batch = broadcast_shapes(&a[..a.len() - 2], &b[..b.len() - 2]).ok_or_else(|| {
+            Error::shape("matmul", format!("batch dimensions of {a:?} {} and {b:?} {} do not broadcast", self.dtype(), other.dtype()))
+        })?;
+        let with = |mut batch: Vec<usize>, rows: usize, cols: usize| {
+            batch.extend([rows, cols]);
+            batch
+        };
+        let lhs = self.expand(&with(batch.clone(), a[a.len() - 2], a[a.len() - 1]))?;
+        let rhs = other.expand(&with(batch, b[b.len() - 2], b[b.len() - 1]))?;
+        let mut inputs = vec![&lhs, &rhs];
+        inputs.extend(bias);
+        inputs.extend(residual);
+        let op = Op::Matmul { bias: bias.is_some(), activation, residual: residual.is_some() };
+        Ok(Tensor::apply(&op, &inputs, &[], None)?.remove(0))
+    }
+
+    /// `self @ weight^T + bias` with `weight` stored `[out, in]`, as PyTorch's `Linear`.
+    /// Leading dimensions of `self` are flattened into rows when they can be.
+    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        if self.rank() < 1 || weight.rank() != 2 {
+            return Err(Error::shape("linear", format!("need x [..., in] and weight [out, in]; got {:?} and {:?}", self.shape(), weight.shape())));
+        }
+        let k = self.shape()[self.rank() - 1];
+        let rows = self.numel() / k.max(1);
+        let x2 = self.reshape(&[rows, k])?;
+        let y = x2.matmul_fused(&weight.transpose(0, 1)?, bias, None, None)?;
+        let mut shape = self.shape().to_vec();
+        *shape.last_mut().expect("rank >= 1") = weight.shape()[0];
+        y.reshape(&shape)
+    }
+}

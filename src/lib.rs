@@ -1,0 +1,30 @@
+//! Tessera: train and run transformer language models on any GPU through one API.
+//!
+//! This umbrella crate re-exports [`tessera_core`] and links the backends enabled by cargo
+//! features (`wgpu`, `vulkan`, `hip`; the CPU reference is always present), so their
+//! registrations are visible to [`devices`] and [`open_device`].
+
+pub use tessera_core::*;
+
+pub use tessera_cpu;
+#[cfg(feature = "hip")]
+pub use tessera_hip;
+#[cfg(feature = "vulkan")]
+pub use tessera_vulkan;
+#[cfg(feature = "wgpu")]
+pub use tessera_wgpu;
+
+/// Backends compiled into this build, for `tessera devices` and error messages.
+pub fn compiled_backends() -> Vec<&'static str> {
+    let mut names = vec!["cpu"];
+    if cfg!(feature = "wgpu") {
+        names.push("wgpu");
+    }
+    if cfg!(feature = "vulkan") {
+        names.push("vulkan");
+    }
+    if cfg!(feature = "hip") {
+        names.push("hip");
+    }
+    names
+}

@@ -6,12 +6,17 @@
 //! There is no global mutable state: devices own their pools and kernel caches, and the only
 //! per-thread state is the `no_grad` depth.
 
+pub mod data;
 mod device;
 mod dtype;
 mod error;
 mod layout;
+pub mod io;
+pub mod models;
+pub mod nn;
 pub mod memory;
 pub mod ops;
+pub mod optim;
 mod registry;
 pub mod rng;
 mod tensor;

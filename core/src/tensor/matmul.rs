@@ -41,13 +41,18 @@ impl Tensor {
     /// `self @ weight^T + bias` with `weight` stored `[out, in]`, as PyTorch's `Linear`.
     /// Leading dimensions of `self` are flattened into rows when they can be.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear_fused(weight, bias, None)
+    }
+
+    /// [`Tensor::linear`] with an activation in the matmul's epilogue.
+    pub fn linear_fused(&self, weight: &Tensor, bias: Option<&Tensor>, activation: Option<UnaryOp>) -> Result<Tensor> {
         if self.rank() < 1 || weight.rank() != 2 {
             return Err(Error::shape("linear", format!("need x [..., in] and weight [out, in]; got {:?} and {:?}", self.shape(), weight.shape())));
         }
         let k = self.shape()[self.rank() - 1];
         let rows = self.numel() / k.max(1);
         let x2 = self.reshape(&[rows, k])?;
-        let y = x2.matmul_fused(&weight.transpose(0, 1)?, bias, None, None)?;
+        let y = x2.matmul_fused(&weight.transpose(0, 1)?, bias, activation, None)?;
         let mut shape = self.shape().to_vec();
         *shape.last_mut().expect("rank >= 1") = weight.shape()[0];
         y.reshape(&shape)

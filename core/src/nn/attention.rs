@@ -1,0 +1,141 @@
+//! Causal self-attention with grouped-query heads, rotary embeddings and a KV cache.
+
+use std::sync::Arc;
+
+use super::{join, Linear, Module};
+use crate::{DType, Device, Result, Tensor};
+
+/// Rotary position tables `[max_positions, head_dim / 2]`, computed as Hugging Face Llama
+/// computes them (inverse frequencies and angles in f32), then converted to the model dtype.
+pub struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rotary {
+    pub fn new(head_dim: usize, max_positions: usize, theta: f64, dtype: DType, device: &Arc<dyn Device>) -> Result<Self> {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for pos in 0..max_positions {
+            for &f in &inv_freq {
+                let angle = pos as f32 * f;
+                cos.push(f64::from(angle.cos()));
+                sin.push(f64::from(angle.sin()));
+            }
+        }
+        Ok(Rotary {
+            cos: Tensor::from_f64(&cos, &[max_positions, half], dtype, device)?,
+            sin: Tensor::from_f64(&sin, &[max_positions, half], dtype, device)?,
+        })
+    }
+
+    /// Rotates `x [B, H, T, D]` whose first row is at position `start`.
+    pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
+        let t = x.shape()[2];
+        let max = self.cos.shape()[0];
+        if start + t > max {
+            return Err(crate::Error::Index { op: "rotary".into(), index: (start + t) as isize, size: max, shape: x.shape().to_vec() });
+        }
+        x.rotary(&self.cos.narrow(0, start, t)?, &self.sin.narrow(0, start, t)?)
+    }
+}
+
+/// Cached keys and values of every layer, `[B, Hkv, T, D]` each, for incremental decoding.
+#[derive(Default)]
+pub struct KvCache {
+    pub layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new(layers: usize) -> Self {
+        KvCache { layers: (0..layers).map(|_| None).collect() }
+    }
+
+    /// Positions already cached.
+    pub fn len(&self) -> usize {
+        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |(k, _)| k.shape()[2])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How queries, keys and values are projected.
+pub enum QkvProjection {
+    /// One matrix producing `[q | k | v]` (GPT-2's `c_attn`).
+    Fused(Linear),
+    /// Separate projections (Llama's `q_proj`, `k_proj`, `v_proj`).
+    Split { q: Linear, k: Linear, v: Linear },
+}
+
+pub struct CausalSelfAttention {
+    pub qkv: QkvProjection,
+    pub out: Linear,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub rotary: Option<Arc<Rotary>>,
+    /// Hugging Face names of the fused projection and the output projection.
+    pub names: [&'static str; 2],
+}
+
+impl CausalSelfAttention {
+    /// `x [B, T, C]` at positions `start..start + T` to `[B, T, C]`. With a cache, the new keys
+    /// and values are appended and attention covers every cached position.
+    pub fn forward(&self, x: &Tensor, start: usize, cache: Option<&mut Option<(Tensor, Tensor)>>) -> Result<Tensor> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
+        let (q, k, v) = match &self.qkv {
+            QkvProjection::Fused(lin) => {
+                let y = lin.forward(x)?;
+                (y.narrow(2, 0, hq * d)?, y.narrow(2, hq * d, hkv * d)?, y.narrow(2, (hq + hkv) * d, hkv * d)?)
+            }
+            QkvProjection::Split { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+        };
+        let heads = |t_: Tensor, h: usize| -> Result<Tensor> { t_.reshape(&[b, t, h, d])?.transpose(1, 2)?.contiguous() };
+        let (mut q, mut k, mut v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
+        if let Some(rot) = &self.rotary {
+            q = rot.apply(&q, start)?;
+            k = rot.apply(&k, start)?;
+        }
+        if let Some(slot) = cache {
+            if let Some((pk, pv)) = slot.as_ref() {
+                k = Tensor::cat(&[pk, &k], 2)?;
+                v = Tensor::cat(&[pv, &v], 2)?;
+            }
+            *slot = Some((k.clone(), v.clone()));
+        }
+        let y = Tensor::attention(&q, &k, &v, true, 1.0 / (d as f64).sqrt())?;
+        let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;
+        self.out.forward(&y)
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        match &self.qkv {
+            QkvProjection::Fused(l) => l.visit(&join(prefix, self.names[0]), f),
+            QkvProjection::Split { q, k, v } => {
+                q.visit(&join(prefix, "q_proj"), f);
+                k.visit(&join(prefix, "k_proj"), f);
+                v.visit(&join(prefix, "v_proj"), f);
+            }
+        }
+        self.out.visit(&join(prefix, self.names[1]), f);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        match &mut self.qkv {
+            QkvProjection::Fused(l) => l.visit_mut(&join(prefix, self.names[0]), f)?,
+            QkvProjection::Split { q, k, v } => {
+                q.visit_mut(&join(prefix, "q_proj"), f)?;
+                k.visit_mut(&join(prefix, "k_proj"), f)?;
+                v.visit_mut(&join(prefix, "v_proj"), f)?;
+            }
+        }
+        self.out.visit_mut(&join(prefix, self.names[1]), f)
+    }
+}

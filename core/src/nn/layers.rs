@@ -1,0 +1,242 @@
+//! Linear, Embedding, norms, dropout and the two feed-forward blocks.
+
+use super::{join, Init, Module};
+use crate::rng::RngState;
+use crate::{Result, Tensor};
+
+/// `y = x W^T + b` with `W` stored `[out, in]`, as PyTorch's `nn.Linear`.
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(init: &mut Init<'_>, d_in: usize, d_out: usize, bias: bool, std: f64) -> Result<Self> {
+        Ok(Linear { weight: init.normal(&[d_out, d_in], std)?, bias: if bias { Some(init.full(&[d_out], 0.0)?) } else { None } })
+    }
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+impl Module for Linear {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        f(&join(prefix, "weight"), &self.weight);
+        if let Some(b) = &self.bias {
+            f(&join(prefix, "bias"), b);
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        f(&join(prefix, "weight"), &mut self.weight)?;
+        if let Some(b) = &mut self.bias {
+            f(&join(prefix, "bias"), b)?;
+        }
+        Ok(())
+    }
+}
+
+/// A `[V, D]` lookup table.
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(init: &mut Init<'_>, count: usize, dim: usize, std: f64) -> Result<Self> {
+        Ok(Embedding { weight: init.normal(&[count, dim], std)? })
+    }
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.weight.embedding(ids)
+    }
+}
+
+impl Module for Embedding {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        f(&join(prefix, "weight"), &self.weight);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        f(&join(prefix, "weight"), &mut self.weight)
+    }
+}
+
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(init: &mut Init<'_>, dim: usize, eps: f64) -> Result<Self> {
+        Ok(LayerNorm { weight: init.full(&[dim], 1.0)?, bias: init.full(&[dim], 0.0)?, eps })
+    }
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight, &self.bias, self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        f(&join(prefix, "weight"), &self.weight);
+        f(&join(prefix, "bias"), &self.bias);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        f(&join(prefix, "weight"), &mut self.weight)?;
+        f(&join(prefix, "bias"), &mut self.bias)
+    }
+}
+
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(init: &mut Init<'_>, dim: usize, eps: f64) -> Result<Self> {
+        Ok(RmsNorm { weight: init.full(&[dim], 1.0)?, eps })
+    }
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.rms_norm(&self.weight, self.eps)
+    }
+}
+
+impl Module for RmsNorm {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        f(&join(prefix, "weight"), &self.weight);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        f(&join(prefix, "weight"), &mut self.weight)
+    }
+}
+
+/// Layer norm (GPT-2) or RMS norm (Llama).
+pub enum Norm {
+    Layer(LayerNorm),
+    Rms(RmsNorm),
+}
+
+impl Norm {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Layer(n) => n.forward(x),
+            Norm::Rms(n) => n.forward(x),
+        }
+    }
+}
+
+impl Module for Norm {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        match self {
+            Norm::Layer(n) => n.visit(prefix, f),
+            Norm::Rms(n) => n.visit(prefix, f),
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        match self {
+            Norm::Layer(n) => n.visit_mut(prefix, f),
+            Norm::Rms(n) => n.visit_mut(prefix, f),
+        }
+    }
+}
+
+/// Inverted dropout, active only in training mode.
+#[derive(Clone, Copy, Debug)]
+pub struct Dropout {
+    pub p: f64,
+}
+
+impl Dropout {
+    pub fn forward(&self, x: &Tensor, training: bool, rng: &mut RngState) -> Result<Tensor> {
+        if training && self.p > 0.0 {
+            x.dropout(self.p, rng)
+        } else {
+            Ok(x.clone())
+        }
+    }
+}
+
+/// GPT-2's MLP: `proj(gelu(fc(x)))`. Without gradients the GELU runs in the first matmul's
+/// epilogue; with them it stays a separate op, whose backward is cheaper than recomputing the
+/// pre-activation.
+pub struct Mlp {
+    pub fc: Linear,
+    pub proj: Linear,
+    /// Hugging Face names of the two projections (`c_fc`, `c_proj` for GPT-2).
+    pub names: [&'static str; 2],
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = if crate::is_grad_enabled() {
+            self.fc.forward(x)?.gelu()?
+        } else {
+            x.linear_fused(&self.fc.weight, self.fc.bias.as_ref(), Some(crate::UnaryOp::Gelu))?
+        };
+        self.proj.forward(&h)
+    }
+}
+
+impl Module for Mlp {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        self.fc.visit(&join(prefix, self.names[0]), f);
+        self.proj.visit(&join(prefix, self.names[1]), f);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        self.fc.visit_mut(&join(prefix, self.names[0]), f)?;
+        self.proj.visit_mut(&join(prefix, self.names[1]), f)
+    }
+}
+
+/// Llama's MLP: `down(silu(gate(x)) * up(x))`.
+pub struct SwiGluMlp {
+    pub gate: Linear,
+    pub up: Linear,
+    pub down: Linear,
+}
+
+impl SwiGluMlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = Tensor::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        self.down.forward(&h)
+    }
+}
+
+impl Module for SwiGluMlp {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        self.gate.visit(&join(prefix, "gate_proj"), f);
+        self.up.visit(&join(prefix, "up_proj"), f);
+        self.down.visit(&join(prefix, "down_proj"), f);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        self.gate.visit_mut(&join(prefix, "gate_proj"), f)?;
+        self.up.visit_mut(&join(prefix, "up_proj"), f)?;
+        self.down.visit_mut(&join(prefix, "down_proj"), f)
+    }
+}
+
+pub enum FeedForward {
+    Gelu(Mlp),
+    SwiGlu(SwiGluMlp),
+}
+
+impl FeedForward {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            FeedForward::Gelu(m) => m.forward(x),
+            FeedForward::SwiGlu(m) => m.forward(x),
+        }
+    }
+}
+
+impl Module for FeedForward {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+        match self {
+            FeedForward::Gelu(m) => m.visit(prefix, f),
+            FeedForward::SwiGlu(m) => m.visit(prefix, f),
+        }
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+        match self {
+            FeedForward::Gelu(m) => m.visit_mut(prefix, f),
+            FeedForward::SwiGlu(m) => m.visit_mut(prefix, f),
+        }
+    }
+}

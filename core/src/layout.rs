@@ -75,8 +75,13 @@ impl Layout {
         numel(&self.shape)
     }
 
-    /// Row-major with no gaps (any offset). Size-1 dimensions may have any stride.
+    /// Row-major with no gaps (any offset). Size-1 dimensions may have any stride, and an empty
+    /// layout (which [`Layout::contiguous`] gives strides computed with its zero dims as 1) is
+    /// contiguous.
     pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
         let mut expected = 1;
         for i in (0..self.shape.len()).rev() {
             if self.shape[i] != 1 && self.strides[i] != expected {

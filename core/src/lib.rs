@@ -9,7 +9,9 @@
 pub mod data;
 mod device;
 mod dtype;
+pub mod checkpoint;
 mod error;
+pub mod generate;
 mod layout;
 pub mod io;
 pub mod models;
@@ -19,6 +21,7 @@ pub mod ops;
 pub mod optim;
 mod registry;
 pub mod rng;
+pub mod train;
 mod tensor;
 
 pub use device::{same_device, Buffer, Device, DeviceInfo, Features, Kernel, Limits, MemoryStats, TensorRef};

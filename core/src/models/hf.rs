@@ -76,13 +76,32 @@ impl Transformer {
 
     /// Every parameter in Hugging Face layout and names.
     pub fn state_dict(&self) -> Result<BTreeMap<String, HostTensor>> {
-        let mut out = BTreeMap::new();
-        for (name, t) in parameters(self) {
-            let host = HostTensor::from_tensor(&t)?;
-            let host = if is_conv1d(self.config.family, &name) { transpose_2d(&host) } else { host };
-            out.insert(name, host);
+        parameters(self).into_iter().map(|(name, t)| Ok((name.clone(), self.to_hf_layout(&name, &t)?))).collect()
+    }
+
+    /// Every accumulated gradient in Hugging Face layout and names (parameters without a
+    /// gradient are left out).
+    pub fn grads_hf(&self) -> Result<BTreeMap<String, HostTensor>> {
+        parameters(self)
+            .into_iter()
+            .filter_map(|(name, t)| t.grad().map(|g| (name, g)))
+            .map(|(name, g)| Ok((name.clone(), self.to_hf_layout(&name, &g)?)))
+            .collect()
+    }
+
+    /// Converts a tensor stored under a Hugging Face name to Tessera's layout (GPT-2's
+    /// `Conv1D` weights are transposed); other tensors are returned as they are.
+    pub fn hf_to_internal_layout(family: Family, name: &str, t: &HostTensor) -> HostTensor {
+        if is_conv1d(family, name) && t.shape.len() == 2 {
+            transpose_2d(t)
+        } else {
+            t.clone()
         }
-        Ok(out)
+    }
+
+    fn to_hf_layout(&self, name: &str, t: &Tensor) -> Result<HostTensor> {
+        let host = HostTensor::from_tensor(t)?;
+        Ok(if is_conv1d(self.config.family, name) { transpose_2d(&host) } else { host })
     }
 
     /// Writes `dir/config.json` and `dir/model.safetensors` (each atomically).

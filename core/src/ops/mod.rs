@@ -432,13 +432,24 @@ pub fn validate_launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'
     }
     for (oi, o) in outputs.iter().enumerate() {
         for (ii, i) in inputs.iter().enumerate() {
-            let in_place = op.updates_in_place() && oi == ii && i.layout == o.layout;
+            let in_place = in_place_input(op, oi) == Some(ii) && i.layout == o.layout;
             if !in_place && overlaps(o, i) {
                 return Err(Error::invalid(&name, format!("output {oi} overlaps input {ii}")));
             }
         }
     }
     Ok(())
+}
+
+/// The input that output `output` of an in-place op may share: the parameter is input and
+/// output 0, and the optimizer state after it (`m`, `v` or the momentum buffer) is output `k`
+/// and input `k + 1`, past the gradient.
+fn in_place_input(op: &Op, output: usize) -> Option<usize> {
+    match output {
+        _ if !op.updates_in_place() => None,
+        0 => Some(0),
+        k => Some(k + 1),
+    }
 }
 
 fn overlaps(a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {

@@ -4,6 +4,8 @@
 //! features (`wgpu`, `vulkan`, `hip`; the CPU reference is always present), so their
 //! registrations are visible to [`devices`] and [`open_device`].
 
+pub mod cli;
+
 pub use tessera_core::*;
 
 pub use tessera_cpu;

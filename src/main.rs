@@ -1,1 +1,19 @@
-fn main() {}
+//! The `tessera` command: `devices`, `train`, `generate`.
+
+use clap::Parser;
+
+fn main() {
+    let cli = match tessera::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("error: invalid arguments"));
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = tessera::cli::run(cli) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

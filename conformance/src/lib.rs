@@ -1,0 +1,18 @@
+//! Tessera's conformance suite: every op of the catalog and every gradient, on every device
+//! present, against the CPU reference computing in f64 (DESIGN §7).
+//!
+//! - [`samples`]: what to run, per op (an exhaustive match, so new ops need samples).
+//! - [`prepare`]: resolving samples into values and launching kernels with guarded outputs.
+//! - [`harness`]: the forward, backward and finite-difference checks, the coverage table and
+//!   `target/conformance/coverage.json`.
+//!
+//! `TESSERA_DEVICES=cpu,wgpu` narrows the devices; `cargo test -p tessera-conformance` runs it.
+
+pub mod env;
+pub mod harness;
+pub mod prepare;
+pub mod samples;
+
+pub use env::{devices_under_test, shared_dir};
+pub use harness::{compare, tolerance, Check, Report, Row, Status, Suite};
+pub use samples::{all_samples, samples, Sample};

@@ -24,7 +24,11 @@ const GRAD_ATOL: f64 = 1e-5;
 
 fn fixture_dirs() -> Vec<PathBuf> {
     if let Ok(list) = std::env::var("TESSERA_HF_FIXTURES") {
-        return list.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+        return list
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
     }
     let root = shared_dir().join("fixtures/hf");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
@@ -39,16 +43,34 @@ fn fixture_dirs() -> Vec<PathBuf> {
 /// Asserts `|got - want| <= atol + rtol |want|` elementwise, reporting the worst element.
 fn assert_close(what: &str, got: &[f64], want: &HostTensor, rtol: f64, atol: f64) {
     let want = want.to_f64();
-    assert_eq!(got.len(), want.len(), "{what}: {} values, expected {}", got.len(), want.len());
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: {} values, expected {}",
+        got.len(),
+        want.len()
+    );
     let mut worst = (0.0f64, 0usize);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let excess = (g - w).abs() - (atol + rtol * w.abs());
         if !(excess <= worst.0) {
-            worst = (if excess.is_nan() { f64::INFINITY } else { excess }, i);
+            worst = (
+                if excess.is_nan() {
+                    f64::INFINITY
+                } else {
+                    excess
+                },
+                i,
+            );
         }
     }
     let i = worst.1;
-    assert!(worst.0 <= 0.0, "{what}: element {i} is {} but expected {} (rtol {rtol}, atol {atol})", got[i], want[i]);
+    assert!(
+        worst.0 <= 0.0,
+        "{what}: element {i} is {} but expected {} (rtol {rtol}, atol {atol})",
+        got[i],
+        want[i]
+    );
 }
 
 fn ids_of(t: &HostTensor) -> Vec<u32> {
@@ -57,11 +79,20 @@ fn ids_of(t: &HostTensor) -> Vec<u32> {
 
 fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
     let label = format!("{} on {}", dir.display(), device.info().id());
-    let expected = io::load(&dir.join("expected.safetensors")).unwrap_or_else(|e| panic!("{label}: {e}"));
-    let get = |k: &str| expected.get(k).unwrap_or_else(|| panic!("{label}: expected.safetensors lacks `{k}`"));
-    let spec: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).expect("fixture.json")).expect("fixture.json is JSON");
+    let expected =
+        io::load(&dir.join("expected.safetensors")).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let get = |k: &str| {
+        expected
+            .get(k)
+            .unwrap_or_else(|| panic!("{label}: expected.safetensors lacks `{k}`"))
+    };
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("fixture.json")).expect("fixture.json"),
+    )
+    .expect("fixture.json is JSON");
 
-    let model = Transformer::from_hf_dir(dir, device, DType::F32).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let model = Transformer::from_hf_dir(dir, device, DType::F32)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
     let ids_host = get("input_ids");
     let ids = ids_host.to_tensor(device).unwrap();
 
@@ -69,21 +100,48 @@ fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
         let _g = tessera::no_grad();
         model.forward(&ids, None).unwrap()
     };
-    assert_close(&format!("{label}: logits"), &logits.to_vec_f64().unwrap(), get("logits"), 1e-4, 1e-5);
+    assert_close(
+        &format!("{label}: logits"),
+        &logits.to_vec_f64().unwrap(),
+        get("logits"),
+        1e-4,
+        1e-5,
+    );
 
     let loss = model.loss(&ids).unwrap();
-    assert_close(&format!("{label}: loss"), &[loss.item().unwrap()], get("loss"), 1e-4, 1e-5);
+    assert_close(
+        &format!("{label}: loss"),
+        &[loss.item().unwrap()],
+        get("loss"),
+        1e-4,
+        1e-5,
+    );
 
     loss.backward().unwrap();
     let grads = model.grads_hf().unwrap();
     let grad_names: Vec<&String> = expected.keys().filter(|k| k.starts_with("grad.")).collect();
-    assert!(!grad_names.is_empty(), "{label}: no gradients in the fixture");
+    assert!(
+        !grad_names.is_empty(),
+        "{label}: no gradients in the fixture"
+    );
     for key in grad_names {
         let name = &key["grad.".len()..];
-        let got = grads.get(name).unwrap_or_else(|| panic!("{label}: no gradient for {name}"));
-        assert_close(&format!("{label}: {key}"), &got.to_f64(), &expected[key], 1e-3, GRAD_ATOL);
+        let got = grads
+            .get(name)
+            .unwrap_or_else(|| panic!("{label}: no gradient for {name}"));
+        assert_close(
+            &format!("{label}: {key}"),
+            &got.to_f64(),
+            &expected[key],
+            1e-3,
+            GRAD_ATOL,
+        );
     }
-    assert_eq!(grads.len(), expected.keys().filter(|k| k.starts_with("grad.")).count(), "{label}: parameter count");
+    assert_eq!(
+        grads.len(),
+        expected.keys().filter(|k| k.starts_with("grad.")).count(),
+        "{label}: parameter count"
+    );
 
     // One AdamW step, twice. Adam's first step moves each element by about lr * g / (|g| + eps):
     // for gradients far below the 1e-5 absolute tolerance to which gradients are compared (GPT-2's
@@ -95,7 +153,9 @@ fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
     let mut ours = adamw_step(&model, adamw);
     let theirs = Transformer::from_hf_dir(dir, device, DType::F32).unwrap();
     for (name, p) in tessera::nn::parameters(&theirs) {
-        let g = expected.get(&format!("grad.{name}")).unwrap_or_else(|| panic!("{label}: no expected gradient for {name}"));
+        let g = expected
+            .get(&format!("grad.{name}"))
+            .unwrap_or_else(|| panic!("{label}: no expected gradient for {name}"));
         let g = Transformer::hf_to_internal_layout(theirs.config.family, &name, g);
         p.set_grad(Some(g.to_tensor(device).unwrap()));
     }
@@ -103,23 +163,56 @@ fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
     for key in expected.keys().filter(|k| k.starts_with("after_adamw.")) {
         let name = &key["after_adamw.".len()..];
         let want = &expected[key];
-        let got = theirs_after.get(name).unwrap_or_else(|| panic!("{label}: no parameter {name}"));
-        assert_close(&format!("{label}: {key} from the fixture's gradients"), &got.to_f64(), want, 1e-3, 1e-5);
-        let conditioned: Vec<bool> = expected[&format!("grad.{name}")].to_f64().iter().map(|g| g.abs() > GRAD_ATOL).collect();
-        let keep = |v: Vec<f64>| -> Vec<f64> { v.into_iter().zip(&conditioned).filter(|(_, &c)| c).map(|(x, _)| x).collect() };
+        let got = theirs_after
+            .get(name)
+            .unwrap_or_else(|| panic!("{label}: no parameter {name}"));
+        assert_close(
+            &format!("{label}: {key} from the fixture's gradients"),
+            &got.to_f64(),
+            want,
+            1e-3,
+            1e-5,
+        );
+        let conditioned: Vec<bool> = expected[&format!("grad.{name}")]
+            .to_f64()
+            .iter()
+            .map(|g| g.abs() > GRAD_ATOL)
+            .collect();
+        let keep = |v: Vec<f64>| -> Vec<f64> {
+            v.into_iter()
+                .zip(&conditioned)
+                .filter(|(_, &c)| c)
+                .map(|(x, _)| x)
+                .collect()
+        };
         let mut want_kept = want.clone();
         want_kept.bytes = tessera::encode_f64(&keep(want.to_f64()), want.dtype);
         want_kept.shape = vec![want_kept.bytes.len() / want.dtype.size()];
-        let got = ours.remove(name).unwrap_or_else(|| panic!("{label}: no parameter {name}"));
-        assert_close(&format!("{label}: {key} from our gradients"), &keep(got.to_f64()), &want_kept, 1e-3, 1e-5);
+        let got = ours
+            .remove(name)
+            .unwrap_or_else(|| panic!("{label}: no parameter {name}"));
+        assert_close(
+            &format!("{label}: {key} from our gradients"),
+            &keep(got.to_f64()),
+            &want_kept,
+            1e-3,
+            1e-5,
+        );
     }
 
     let fresh = Transformer::from_hf_dir(dir, device, DType::F32).unwrap();
     let prompt = ids_of(get("generate.prompt"));
     let want = ids_of(get("generate.greedy"));
-    let options = GenerateOptions { max_new_tokens: want.len() - prompt.len(), sampling: Sampling::greedy(), stop_tokens: vec![] };
+    let options = GenerateOptions {
+        max_new_tokens: want.len() - prompt.len(),
+        sampling: Sampling::greedy(),
+        stop_tokens: vec![],
+    };
     let mut streamed = Vec::new();
-    let got = generate(&fresh, &prompt, &options, &mut RngState::new(0), &mut |t| streamed.push(t)).unwrap();
+    let got = generate(&fresh, &prompt, &options, &mut RngState::new(0), &mut |t| {
+        streamed.push(t)
+    })
+    .unwrap();
     assert_eq!(got, want, "{label}: greedy generation");
     assert_eq!(streamed, want[prompt.len()..], "{label}: streamed tokens");
 }
@@ -128,8 +221,17 @@ fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
 /// and returns the parameters afterwards in Hugging Face layout.
 fn adamw_step(model: &Transformer, adamw: &Value) -> BTreeMap<String, HostTensor> {
     let num = |v: &Value| v.as_f64().expect("number in fixture.json");
-    let groups = vec![ParamGroup::new(tessera::nn::parameters(model), num(&adamw["weight_decay"]))];
-    let mut opt = Adam::adamw(groups, num(&adamw["betas"][0]), num(&adamw["betas"][1]), num(&adamw["eps"])).unwrap();
+    let groups = vec![ParamGroup::new(
+        tessera::nn::parameters(model),
+        num(&adamw["weight_decay"]),
+    )];
+    let mut opt = Adam::adamw(
+        groups,
+        num(&adamw["betas"][0]),
+        num(&adamw["betas"][1]),
+        num(&adamw["eps"]),
+    )
+    .unwrap();
     let one = Tensor::ones(&[1], DType::F32, model.device()).unwrap();
     for _ in 0..adamw["step"].as_u64().unwrap_or(1) {
         opt.step(num(&adamw["lr"]), &one).unwrap();
@@ -144,7 +246,11 @@ fn hugging_face_fixtures_match_on_every_device() {
     for device in devices_under_test() {
         for dir in &dirs {
             check_fixture(dir, &device);
-            println!("model conformance: {} on {}: pass", dir.display(), device.info().id());
+            println!(
+                "model conformance: {} on {}: pass",
+                dir.display(),
+                device.info().id()
+            );
         }
     }
 }
@@ -160,7 +266,10 @@ fn checkpoints_round_trip_through_hugging_face_format() {
     assert_eq!(model.state_dict().unwrap(), again.state_dict().unwrap());
     let original = io::load(&dir.join("model.safetensors")).unwrap();
     for (name, t) in model.state_dict().unwrap() {
-        let stored = original.get(&name).or_else(|| original.get(name.trim_start_matches("transformer."))).unwrap();
+        let stored = original
+            .get(&name)
+            .or_else(|| original.get(name.trim_start_matches("transformer.")))
+            .unwrap();
         assert_eq!(&t, stored, "{name} changed on the way through");
     }
     std::fs::remove_dir_all(&out).ok();

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use crate::{Error, MemoryStats, Result};
 
 /// The size class of a request: a multiple of `2^(floor(log2 bytes) - 3)`, so at most 1/8
-/// larger than the request; at least 4 bytes.
+/// larger than the request, and a multiple of 4 bytes (GPU copies need it), so requests under
+/// 32 bytes may round up by up to 3 bytes; at least 4 bytes.
 pub fn size_class(bytes: usize) -> usize {
     let bytes = bytes.max(4);
     let log = usize::BITS - 1 - bytes.leading_zeros();
@@ -114,7 +115,7 @@ mod tests {
         for bytes in (1..5000).chain([1 << 20, (1 << 20) + 1, 123_456_789]) {
             let c = size_class(bytes);
             assert!(c >= bytes);
-            assert!((c - bytes.max(4)) * 8 <= bytes.max(4), "{bytes} -> {c}");
+            assert!(c % 4 == 0 && ((c - bytes.max(4)) * 8 <= bytes.max(4) || c - bytes < 4), "{bytes} -> {c}");
         }
     }
 

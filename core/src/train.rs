@@ -170,7 +170,11 @@ impl Trainer {
     /// Continues from a checkpoint on `device`; `options` must match the run that wrote it
     /// for the continuation to be exact.
     pub fn resume(path: &Path, device: &Arc<dyn Device>, options: TrainOptions) -> Result<Self> {
-        let loaded = checkpoint::load(path)?;
+        Trainer::from_checkpoint(checkpoint::load(path)?, device, options, path)
+    }
+
+    /// [`Trainer::resume`] from a checkpoint already read; `path` names it in errors.
+    pub fn from_checkpoint(loaded: checkpoint::Loaded, device: &Arc<dyn Device>, options: TrainOptions, path: &Path) -> Result<Self> {
         let weights = Transformer::from_host_tensors(&loaded.config, &loaded.model, &path.display().to_string(), device, DType::F32)?;
         let mut trainer = Trainer::assemble(weights, options, loaded.state)?;
         trainer.optimizer.load_state(&loaded.optimizer)?;

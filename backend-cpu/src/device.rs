@@ -1,0 +1,303 @@
+//! The CPU device: its pool, its kernel cache, host copies, and kernel dispatch by op family.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tessera_core::memory::Pool;
+use tessera_core::ops::validate_launch;
+use tessera_core::{
+    dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
+    Op, Result, TensorRef,
+};
+
+use crate::buffer::{bytes, bytes_mut, cpu_buffer, CpuBuffer, SharedPool};
+use crate::{attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce};
+
+/// The device name `probe` reports.
+pub(crate) fn device_name() -> String {
+    format!("CPU ({} threads)", rayon::current_num_threads())
+}
+
+/// Kernels are cached per op descriptor and input dtypes.
+type KernelKey = (Op, Vec<DType>);
+
+/// The host CPU as a device. Work runs synchronously on the calling thread and rayon's pool,
+/// so every cached block is ready for reuse as soon as its buffer is dropped.
+pub struct CpuDevice {
+    info: DeviceInfo,
+    pool: SharedPool,
+    kernels: Mutex<HashMap<KernelKey, Arc<dyn Kernel>>>,
+    syncs: AtomicU64,
+}
+
+impl fmt::Debug for CpuDevice {
+    /// The pool's blocks are left out: they are raw memory.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuDevice")
+            .field("info", &self.info)
+            .field("memory", &self.memory())
+            .finish()
+    }
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        CpuDevice::new()
+    }
+}
+
+impl CpuDevice {
+    pub fn new() -> Self {
+        let info = DeviceInfo {
+            backend: "cpu".into(),
+            ordinal: 0,
+            name: device_name(),
+            dtypes: DType::ALL.to_vec(),
+            features: Features {
+                f16: true,
+                bf16: true,
+                subgroups: false,
+                cooperative_matrix: false,
+            },
+            limits: Limits {
+                max_buffer_bytes: isize::MAX as usize,
+                max_binding_bytes: isize::MAX as usize,
+                max_workgroup_size: usize::MAX,
+                max_workgroups_per_dim: usize::MAX,
+            },
+        };
+        CpuDevice {
+            info,
+            pool: Arc::new(Mutex::new(Pool::default())),
+            kernels: Mutex::new(HashMap::new()),
+            syncs: AtomicU64::new(0),
+        }
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool<Vec<u64>>> {
+        self.pool.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn byte_range(
+    op: &str,
+    buffer: &Arc<dyn Buffer>,
+    offset: usize,
+    len: usize,
+) -> Result<std::ops::Range<usize>> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buffer.len() => Ok(offset..end),
+        _ => Err(Error::invalid(
+            op,
+            format!(
+                "{len} bytes at offset {offset} do not fit a buffer of {} bytes",
+                buffer.len()
+            ),
+        )),
+    }
+}
+
+impl Device for CpuDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        let mut pool = self.pool();
+        let stats = pool.stats();
+        let max = self.info.limits.max_buffer_bytes;
+        if bytes > max {
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                in_use: stats.in_use,
+                limit: max,
+            });
+        }
+        let (block, class) = pool.alloc(
+            bytes,
+            |_| true,
+            |class| {
+                let words = class.div_ceil(8);
+                let mut v = Vec::new();
+                v.try_reserve_exact(words).map_err(|_| Error::OutOfMemory {
+                    requested: bytes,
+                    in_use: stats.in_use,
+                    limit: stats.limit.unwrap_or(usize::MAX),
+                })?;
+                v.resize(words, 0u64);
+                Ok(v)
+            },
+        )?;
+        drop(pool);
+        Ok(Arc::new(CpuBuffer::new(
+            block,
+            bytes,
+            class,
+            self.pool.clone(),
+        )))
+    }
+
+    fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
+        let range = byte_range("write", buffer, offset, data.len())?;
+        cpu_buffer(buffer)?.write(|w| bytes_mut(w)[range].copy_from_slice(data));
+        Ok(())
+    }
+
+    fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        let range = byte_range("read", buffer, offset, out.len())?;
+        cpu_buffer(buffer)?.read(|w| out.copy_from_slice(&bytes(w)[range]));
+        Ok(())
+    }
+
+    fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
+        let key = (op.clone(), input_dtypes.to_vec());
+        let mut cache = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        check_supported(op, input_dtypes)?;
+        let kernel: Arc<dyn Kernel> = Arc::new(CpuKernel {
+            op: op.clone(),
+            dtypes: input_dtypes.to_vec(),
+        });
+        cache.insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn memory(&self) -> MemoryStats {
+        self.pool().stats()
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        self.pool().set_limit(limit);
+    }
+
+    fn empty_cache(&self) {
+        self.pool().trim(|_| true);
+    }
+
+    fn reset_peak(&self) {
+        self.pool().reset_peak();
+    }
+
+    fn host_syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+}
+
+/// Rejects dtype combinations no kernel could give a meaning to (math on bool or integers,
+/// non-index ids). Everything else the catalog allows runs; shapes and the remaining dtype
+/// rules are checked by `validate_launch` at launch.
+fn check_supported(op: &Op, dtypes: &[DType]) -> Result<()> {
+    let float = |i: usize| dtypes.get(i).is_none_or(|d| d.is_float());
+    let index = |i: usize| dtypes.get(i).is_none_or(|d| d.is_index());
+    let not_bool = |i: usize| dtypes.get(i).is_none_or(|&d| d != DType::Bool);
+    let ok = match op {
+        Op::RandUniform { dtype } | Op::RandNormal { dtype } => dtype.is_float(),
+        Op::Fill { .. } | Op::Arange { .. } | Op::Cast { .. } | Op::Copy | Op::Concat { .. } => {
+            true
+        }
+        Op::Compare(_) => not_bool(0),
+        Op::Where => dtypes.first().is_none_or(|&d| d == DType::Bool),
+        Op::Embedding | Op::Gather { .. } => index(1),
+        Op::EmbeddingBackward => index(0) && not_bool(1),
+        Op::ScatterAdd { .. } => index(0) && not_bool(1),
+        Op::CrossEntropy | Op::CrossEntropyBackward => float(0) && index(1),
+        _ => (0..dtypes.len()).all(|i| {
+            let stats_or_scale = matches!(
+                (op, i),
+                (Op::LayerNormBackward, 2 | 3)
+                    | (Op::RmsNormBackward, 2)
+                    | (Op::AttentionBackward { .. }, 4)
+            ) || (op.updates_in_place() && i + 1 == dtypes.len());
+            stats_or_scale || float(i)
+        }),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::unsupported(
+            "cpu",
+            format!("{} for {}", op.name(), dtypes_str(dtypes)),
+        ))
+    }
+}
+
+/// A catalog op bound to the input dtypes it was requested for.
+#[derive(Debug)]
+struct CpuKernel {
+    op: Op,
+    dtypes: Vec<DType>,
+}
+
+impl Kernel for CpuKernel {
+    fn op(&self) -> &Op {
+        &self.op
+    }
+
+    fn launch(
+        &self,
+        inputs: &[TensorRef<'_>],
+        outputs: &[TensorRef<'_>],
+        scalars: &[f64],
+    ) -> Result<()> {
+        validate_launch(&self.op, inputs, outputs, scalars)?;
+        let got: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+        if got != self.dtypes {
+            return Err(Error::dtype(
+                &self.op.name(),
+                format!(
+                    "kernel built for inputs {} launched with {}",
+                    dtypes_str(&self.dtypes),
+                    dtypes_str(&got)
+                ),
+            ));
+        }
+        use Op::*;
+        match &self.op {
+            Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
+                random::launch(&self.op, outputs, scalars)
+            }
+            Cast { .. }
+            | Copy
+            | Unary(_)
+            | UnaryBackward(_)
+            | Binary(_)
+            | Compare(_)
+            | Where
+            | SwiGlu
+            | SwiGluBackward => elementwise::launch(&self.op, inputs, outputs, scalars),
+            Reduce { .. }
+            | ArgMax { .. }
+            | Softmax
+            | LogSoftmax
+            | SoftmaxBackward
+            | LogSoftmaxBackward => reduce::launch(&self.op, inputs, outputs),
+            Matmul { .. } => matmul::launch(&self.op, inputs, outputs),
+            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
+                movement::launch(&self.op, inputs, outputs)
+            }
+            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
+                norm::launch(&self.op, inputs, outputs, scalars)
+            }
+            Rotary | Attention { .. } | AttentionBackward { .. } => {
+                attention::launch(&self.op, inputs, outputs, scalars)
+            }
+            CrossEntropy | CrossEntropyBackward => loss::launch(&self.op, inputs, outputs),
+            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => {
+                optim::launch(&self.op, inputs, outputs, scalars)
+            }
+            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
+                conv::launch(&self.op, inputs, outputs)
+            }
+        }
+    }
+}

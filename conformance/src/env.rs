@@ -1,0 +1,35 @@
+//! What the suite runs on: the devices under test and the shared fixtures folder.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tessera::Device;
+
+/// Every device present, narrowed to the backends named in `TESSERA_DEVICES`
+/// (comma-separated backend names or device ids, e.g. `cpu,wgpu:0`). Each is opened once.
+pub fn devices_under_test() -> Vec<Arc<dyn Device>> {
+    let filter: Option<Vec<String>> = std::env::var("TESSERA_DEVICES")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.split(',').map(|p| p.trim().to_string()).collect());
+    tessera::devices()
+        .into_iter()
+        .filter(|d| {
+            filter
+                .as_ref()
+                .is_none_or(|f| f.iter().any(|w| *w == d.backend || *w == d.id))
+        })
+        .map(|d| {
+            tessera::open_device(&d.id)
+                .unwrap_or_else(|e| panic!("{} is listed but does not open: {e}", d.id))
+        })
+        .collect()
+}
+
+/// The shared folder: `TESSERA_SHARED`, else `../shared` beside the workspace.
+pub fn shared_dir() -> PathBuf {
+    match std::env::var("TESSERA_SHARED") {
+        Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    }
+}

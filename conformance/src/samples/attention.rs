@@ -1,0 +1,155 @@
+//! Rotary and attention samples: sequences beyond 512, head dims 64/80/128/256, grouped-query
+//! heads, KV-cache offsets (Tq < Tk), rows with no visible key.
+
+use tessera::Op;
+
+use super::{input, stats, uniform, Gen, Input, Sample};
+
+pub(super) fn rotary() -> Vec<Sample> {
+    let case = |x: &[usize]| {
+        let r = x.len();
+        let half = [x[r - 2], x[r - 1] / 2];
+        let table = || input(&half, uniform(-1.0, 1.0)).no_grad();
+        Sample::new(
+            Op::Rotary,
+            format!("{x:?}"),
+            vec![input(x, uniform(-2.0, 2.0)), table(), table()],
+        )
+        .reduce(2)
+    };
+    vec![
+        case(&[1, 2, 9, 8]),
+        case(&[2, 33, 128]),
+        case(&[1, 4, 600, 64]),
+        case(&[3, 1, 2]),
+        case(&[0, 5, 4]),
+        case(&[1, 3, 4]).gradcheck(),
+    ]
+}
+
+/// One attention problem: batch, query heads, key/value heads, Tq, Tk, D, Dv.
+#[derive(Clone, Copy)]
+struct Problem {
+    causal: bool,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    tq: usize,
+    tk: usize,
+    d: usize,
+    dv: usize,
+}
+
+/// `dims` is `[B, Hq, Hkv, Tq, Tk, D, Dv]`.
+const fn p(causal: bool, dims: [usize; 7]) -> Problem {
+    let [b, hq, hkv, tq, tk, d, dv] = dims;
+    Problem {
+        causal,
+        b,
+        hq,
+        hkv,
+        tq,
+        tk,
+        d,
+        dv,
+    }
+}
+
+impl Problem {
+    fn qkv(&self) -> Vec<Input> {
+        vec![
+            input(&[self.b, self.hq, self.tq, self.d], uniform(-1.0, 1.0)),
+            input(&[self.b, self.hkv, self.tk, self.d], uniform(-1.0, 1.0)),
+            input(&[self.b, self.hkv, self.tk, self.dv], uniform(-1.0, 1.0)),
+        ]
+    }
+
+    fn scale(&self) -> f64 {
+        1.0 / (self.d.max(1) as f64).sqrt()
+    }
+
+    fn describe(&self) -> String {
+        let Problem {
+            causal,
+            b,
+            hq,
+            hkv,
+            tq,
+            tk,
+            d,
+            dv,
+        } = *self;
+        format!("causal {causal} B {b} Hq {hq} Hkv {hkv} Tq {tq} Tk {tk} D {d} Dv {dv}")
+    }
+
+    /// The longest sum behind any output or gradient.
+    fn reduction(&self) -> usize {
+        let group = self.hq / self.hkv.max(1);
+        [self.tk, self.tq * group, self.d, self.dv]
+            .into_iter()
+            .max()
+            .unwrap_or(1)
+    }
+}
+
+const PROBLEMS: [Problem; 16] = [
+    p(true, [2, 4, 2, 17, 17, 64, 64]),
+    p(false, [2, 4, 2, 17, 17, 64, 64]),
+    p(true, [1, 2, 1, 600, 600, 64, 64]),
+    p(false, [1, 1, 1, 600, 600, 64, 64]),
+    p(true, [1, 2, 2, 33, 33, 80, 80]),
+    p(true, [1, 2, 2, 33, 33, 128, 128]),
+    p(true, [1, 2, 2, 19, 19, 256, 256]),
+    p(false, [1, 2, 1, 21, 25, 256, 256]),
+    p(true, [1, 4, 2, 5, 37, 64, 64]),
+    p(true, [1, 2, 1, 1, 600, 64, 64]),
+    p(false, [2, 2, 2, 7, 13, 32, 48]),
+    p(false, [1, 2, 1, 13, 7, 16, 16]),
+    p(true, [2, 4, 1, 9, 9, 32, 32]),
+    p(true, [1, 2, 2, 0, 5, 8, 8]),
+    p(false, [1, 1, 1, 3, 0, 8, 8]),
+    p(false, [1, 3, 3, 70, 70, 8, 8]),
+];
+
+const SMALL: [Problem; 2] = [
+    p(true, [1, 2, 1, 4, 5, 4, 3]),
+    p(false, [1, 2, 2, 3, 4, 4, 4]),
+];
+
+pub(super) fn forward() -> Vec<Sample> {
+    let case = |pr: &Problem| {
+        Sample::new(Op::Attention { causal: pr.causal }, pr.describe(), pr.qkv())
+            .scalars(&[pr.scale()])
+            .reduce(pr.reduction())
+    };
+    let mut out: Vec<Sample> = PROBLEMS.iter().map(case).collect();
+    out.extend(SMALL.iter().map(|pr| case(pr).gradcheck()));
+    out
+}
+
+pub(super) fn backward() -> Vec<Sample> {
+    PROBLEMS
+        .iter()
+        .chain(&SMALL)
+        .map(|pr| {
+            let fwd = |output| Gen::Forward {
+                op: Op::Attention { causal: pr.causal },
+                args: vec![0, 1, 2],
+                scalars: vec![pr.scale()],
+                output,
+            };
+            let mut inputs = pr.qkv();
+            let out_shape = [pr.b, pr.hq, pr.tq, pr.dv];
+            inputs.push(input(&out_shape, fwd(0)));
+            inputs.push(stats(&out_shape[..3], fwd(1)));
+            inputs.push(input(&out_shape, uniform(-1.0, 1.0)));
+            Sample::new(
+                Op::AttentionBackward { causal: pr.causal },
+                pr.describe(),
+                inputs,
+            )
+            .scalars(&[pr.scale()])
+            .reduce(pr.reduction())
+        })
+        .collect()
+}

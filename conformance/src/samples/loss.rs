@@ -1,0 +1,67 @@
+//! Cross-entropy samples: vocabularies beyond 65,536, many rows, ignored targets.
+
+use tessera::{DType, Op};
+
+use super::{fixed, input, stats, uniform, Gen, Input, Sample};
+
+/// Targets in `lo..hi`; values outside `0..V` are ignored rows.
+fn targets(n: usize, dtype: DType, lo: i64, hi: i64) -> Input {
+    fixed(&[n], dtype, Gen::Ints { lo, hi })
+}
+
+fn cases() -> Vec<(usize, usize, Input)> {
+    vec![
+        (7, 33, targets(7, DType::I32, -1, 33)),
+        (7, 33, targets(7, DType::U32, 0, 36)),
+        (
+            4,
+            33,
+            fixed(&[4], DType::I32, Gen::Values(vec![-100.0, 3.0, 32.0, 0.0])),
+        ),
+        (3, 70_000, targets(3, DType::I32, 0, 70_000)),
+        (4, 2100, targets(4, DType::I32, 0, 2100)),
+        (70_000, 3, targets(70_000, DType::I32, 0, 3)),
+        (2, 1, targets(2, DType::I32, 0, 1)),
+        (0, 5, targets(0, DType::I32, 0, 5)),
+    ]
+}
+
+pub(super) fn forward() -> Vec<Sample> {
+    let case = |n: usize, v: usize, t: Input| {
+        let desc = format!("[{n}, {v}] {} targets", t.kind_name());
+        Sample::new(
+            Op::CrossEntropy,
+            desc,
+            vec![input(&[n, v], uniform(-3.0, 3.0)), t],
+        )
+        .reduce(v)
+    };
+    let mut out: Vec<Sample> = cases().into_iter().map(|(n, v, t)| case(n, v, t)).collect();
+    out.push(case(3, 5, targets(3, DType::I32, 0, 5)).gradcheck());
+    out
+}
+
+pub(super) fn backward() -> Vec<Sample> {
+    cases()
+        .into_iter()
+        .map(|(n, v, t)| {
+            let desc = format!("[{n}, {v}] {} targets", t.kind_name());
+            let lse = stats(
+                &[n],
+                Gen::Forward {
+                    op: Op::CrossEntropy,
+                    args: vec![0, 1],
+                    scalars: vec![],
+                    output: 1,
+                },
+            );
+            let inputs = vec![
+                input(&[n, v], uniform(-3.0, 3.0)),
+                t,
+                lse,
+                stats(&[n], uniform(-1.0, 1.0)),
+            ];
+            Sample::new(Op::CrossEntropyBackward, desc, inputs).reduce(v)
+        })
+        .collect()
+}

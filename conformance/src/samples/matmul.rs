@@ -1,0 +1,110 @@
+//! Matmul samples: batched, broadcast batches, transposed operands, every epilogue, K = 0.
+
+use tessera::{Op, UnaryOp};
+
+use super::{input, uniform, Input, Sample, View};
+
+fn operands(a: &[usize], b: &[usize], va: View, vb: View) -> Vec<Input> {
+    vec![
+        input(a, uniform(-1.0, 1.0)).view(va),
+        input(b, uniform(-1.0, 1.0)).view(vb),
+    ]
+}
+
+/// A plain matmul of `a` and `b` through the given views.
+fn plain(a: &[usize], b: &[usize], va: View, vb: View) -> Sample {
+    let k = a[a.len() - 1];
+    let op = Op::Matmul {
+        bias: false,
+        activation: None,
+        residual: false,
+    };
+    Sample::new(op, format!("{a:?} x {b:?}"), operands(a, b, va, vb)).reduce(k)
+}
+
+/// A matmul with an epilogue; `a [.., M, K]`, `b [.., K, N]`.
+fn fused(
+    a: &[usize],
+    b: &[usize],
+    bias: bool,
+    activation: Option<UnaryOp>,
+    residual: bool,
+) -> Sample {
+    let r = a.len();
+    let (k, n) = (a[r - 1], b[r - 1]);
+    let mut out_shape = a[..r - 1].to_vec();
+    out_shape.push(n);
+    let mut inputs = operands(a, b, View::Contiguous, View::Contiguous);
+    if bias {
+        inputs.push(input(&[n], uniform(-1.0, 1.0)));
+    }
+    if residual {
+        inputs.push(input(&out_shape, uniform(-1.0, 1.0)));
+    }
+    let act = activation.map_or("none", |u| u.name());
+    let op = Op::Matmul {
+        bias,
+        activation,
+        residual,
+    };
+    Sample::new(
+        op,
+        format!("{a:?} x {b:?} bias {bias} act {act} residual {residual}"),
+        inputs,
+    )
+    .reduce(k)
+}
+
+pub(super) fn samples() -> Vec<Sample> {
+    let c = || View::Contiguous;
+    let mut out = vec![
+        plain(&[17, 33], &[33, 9], c(), c()),
+        plain(&[65, 257], &[257, 129], c(), c()),
+        plain(&[2, 3, 5, 7], &[2, 3, 7, 4], c(), c()),
+        plain(
+            &[2, 3, 5, 7],
+            &[2, 3, 7, 4],
+            c(),
+            View::Broadcast(vec![7, 4]),
+        ),
+        plain(
+            &[2, 5, 7],
+            &[2, 7, 4],
+            View::Broadcast(vec![1, 5, 7]),
+            View::Offset(3),
+        ),
+        plain(&[17, 33], &[33, 9], View::Permuted(vec![1, 0]), c()),
+        plain(&[17, 33], &[33, 9], c(), View::Permuted(vec![1, 0])),
+        plain(
+            &[3, 17, 33],
+            &[3, 33, 9],
+            View::Permuted(vec![0, 2, 1]),
+            View::Permuted(vec![1, 0, 2]),
+        ),
+        plain(&[9, 20], &[20, 6], View::Padded(3), View::Padded(1)),
+        plain(&[3, 1030], &[1030, 5], c(), c()),
+        plain(&[1, 257], &[257, 300], c(), c()),
+        plain(&[1, 1], &[1, 1], c(), c()),
+        plain(&[0, 8], &[8, 3], c(), c()),
+        plain(&[4, 0], &[0, 5], c(), c()),
+        fused(&[4, 0], &[0, 5], true, Some(UnaryOp::Gelu), true),
+        plain(&[2, 3], &[3, 4], c(), c()).gradcheck(),
+    ];
+    for activation in [
+        None,
+        Some(UnaryOp::Relu),
+        Some(UnaryOp::Gelu),
+        Some(UnaryOp::Silu),
+    ] {
+        for bias in [false, true] {
+            for residual in [false, true] {
+                if bias || residual || activation.is_some() {
+                    out.push(fused(&[13, 31], &[31, 19], bias, activation, residual));
+                }
+            }
+        }
+        out.push(fused(&[2, 5, 7], &[2, 7, 3], true, activation, true));
+        out.push(fused(&[2, 3], &[3, 4], true, activation, true).gradcheck());
+    }
+    out
+}

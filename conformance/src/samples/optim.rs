@@ -1,0 +1,100 @@
+//! Optimizer update and squared-norm samples. Updates run both into separate outputs and in
+//! place (outputs are the input buffers), as training runs them.
+
+use tessera::{DType, Op};
+
+use super::{fixed, input, uniform, Gen, Input, Sample, View};
+
+const SHAPES: [&[usize]; 5] = [&[17], &[33, 9], &[0], &[1030], &[70_000]];
+
+fn grad_scale() -> Input {
+    fixed(&[1], DType::F32, Gen::Values(vec![0.5]))
+}
+
+pub(super) fn adam(decoupled_weight_decay: bool) -> Vec<Sample> {
+    let op = Op::AdamUpdate {
+        decoupled_weight_decay,
+    };
+    let (beta1, beta2, step) = (0.9f64, 0.999f64, 3);
+    let scalars = [
+        1e-2,
+        beta1,
+        beta2,
+        1e-8,
+        0.1,
+        1.0 - beta1.powi(step),
+        1.0 - beta2.powi(step),
+    ];
+    let mut out = Vec::new();
+    for shape in SHAPES {
+        for in_place in [false, true] {
+            let inputs = vec![
+                input(shape, uniform(-1.0, 1.0)).view(if in_place {
+                    View::Offset(5)
+                } else {
+                    View::Contiguous
+                }),
+                input(shape, uniform(-1.0, 1.0)),
+                input(shape, uniform(-0.1, 0.1)),
+                input(shape, uniform(1e-4, 1e-2)),
+                grad_scale(),
+            ];
+            let s = Sample::new(op.clone(), format!("{shape:?} in place {in_place}"), inputs)
+                .scalars(&scalars);
+            out.push(if in_place { s.in_place() } else { s });
+        }
+    }
+    out
+}
+
+pub(super) fn sgd() -> Vec<Sample> {
+    let variants = [
+        (false, false, 1.0),
+        (true, false, 1.0),
+        (true, false, 0.9),
+        (true, true, 1.0),
+        (true, true, 0.9),
+    ];
+    let mut out = Vec::new();
+    for (momentum, nesterov, grad_coef) in variants {
+        let op = Op::SgdUpdate { momentum, nesterov };
+        for shape in SHAPES {
+            for in_place in [false, true] {
+                let mut inputs = vec![
+                    input(shape, uniform(-1.0, 1.0)),
+                    input(shape, uniform(-1.0, 1.0)),
+                ];
+                if momentum {
+                    inputs.push(input(shape, uniform(-0.5, 0.5)).view(if in_place {
+                        View::Offset(3)
+                    } else {
+                        View::Contiguous
+                    }));
+                }
+                inputs.push(grad_scale());
+                let desc = format!("momentum {momentum} nesterov {nesterov} grad_coef {grad_coef} {shape:?} in place {in_place}");
+                let s = Sample::new(op.clone(), desc, inputs).scalars(&[0.1, 0.9, grad_coef, 0.01]);
+                out.push(if in_place { s.in_place() } else { s });
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn squared_norm() -> Vec<Sample> {
+    let case = |shapes: &[&[usize]]| {
+        let total: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+        let inputs = shapes
+            .iter()
+            .map(|s| input(s, uniform(-1.0, 1.0)))
+            .collect();
+        Sample::new(Op::SquaredNorm, format!("{shapes:?}"), inputs).reduce(total)
+    };
+    vec![
+        case(&[&[1030]]),
+        case(&[&[3, 5], &[17], &[0], &[2, 2, 2]]),
+        case(&[&[70_000, 4]]),
+        case(&[&[0]]),
+        case(&[&[]]),
+    ]
+}

@@ -1,0 +1,113 @@
+//! The whole conformance suite: forward, backward and gradcheck over every catalog op on every
+//! device present. The suite runs once per test binary; each test asserts on its part.
+
+use std::sync::OnceLock;
+
+use rstest::rstest;
+use tessera::Op;
+use tessera_conformance::{all_samples, samples, Check, Report, Status, Suite};
+
+struct Run {
+    suite: Suite,
+    report: Report,
+}
+
+fn run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let suite = Suite::from_env().expect("opening the devices under test");
+        assert!(
+            !suite.targets.is_empty(),
+            "no device to test (TESSERA_DEVICES filters out everything?)"
+        );
+        let report = suite.run(&all_samples(), &Check::ALL);
+        for check in Check::ALL {
+            println!("{}", report.table(check));
+        }
+        print!("{}", report.summary());
+        for (time, label) in &report.slowest {
+            println!("slow: {:>8.2}s {label}", time.as_secs_f64());
+        }
+        for line in report.failure_lines() {
+            println!("{line}");
+        }
+        match report.write_json() {
+            Ok(path) => println!("coverage written to {}", path.display()),
+            Err(e) => println!("could not write coverage.json: {e}"),
+        }
+        Run { suite, report }
+    })
+}
+
+#[rstest]
+#[case::forward(Check::Forward)]
+#[case::backward(Check::Backward)]
+#[case::gradcheck(Check::Gradcheck)]
+fn every_sample_matches_the_reference(#[case] check: Check) {
+    let run = run();
+    let failures: Vec<String> = run
+        .report
+        .failure_lines()
+        .into_iter()
+        .filter(|l| l.starts_with(&format!("FAIL {} ", check.name())))
+        .collect();
+    let rows = run
+        .report
+        .rows
+        .iter()
+        .filter(|r| r.check == check && r.status == Status::Fail)
+        .count();
+    assert!(
+        failures.is_empty(),
+        "{rows} {} rows fail:\n{}",
+        check.name(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn every_backend_supports_every_op() {
+    let run = run();
+    let gaps = run.suite.coverage_gaps(&run.report);
+    assert!(
+        gaps.is_empty(),
+        "{} coverage gaps:\n{}",
+        gaps.len(),
+        gaps.join("\n")
+    );
+}
+
+#[test]
+fn every_catalog_op_has_samples() {
+    for op in Op::catalog() {
+        let list = samples(&op);
+        assert!(!list.is_empty(), "{} has no samples", op.name());
+        assert!(
+            list.iter().any(|s| s.dtypes.contains(&tessera::DType::F32)),
+            "{} has no f32 sample",
+            op.name()
+        );
+        if op.differentiable() {
+            assert!(
+                list.iter().any(|s| s.gradcheck),
+                "{} has no gradcheck sample",
+                op.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn strided_views_only_where_the_op_reads_them() {
+    for s in all_samples() {
+        if !s.op.reads_strided() {
+            for (i, input) in s.inputs.iter().enumerate() {
+                assert!(
+                    input.view.layout(&input.shape).is_contiguous(),
+                    "{}: input {i} is strided but the op needs row-major",
+                    s.desc
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The command-line program, as a library so tests can drive it without a subprocess.
+
+pub mod generate;
+pub mod plot;
+pub mod train;
+
+use clap::{Parser, Subcommand};
+
+use crate::{Error, Result};
+
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, about = "Train and run transformer language models on any GPU")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List the devices present, best first, and the backends compiled in.
+    Devices,
+    /// Train a model: the built-in addition task by default, or a text file with --data.
+    Train(train::TrainArgs),
+    /// Generate text from a Tessera checkpoint or a Hugging Face model directory.
+    Generate(generate::GenerateArgs),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Devices => devices(),
+        Command::Train(args) => train::run(&args).map(|_| ()),
+        Command::Generate(args) => generate::run(&args),
+    }
+}
+
+fn devices() -> Result<()> {
+    println!("backends compiled in: {}", crate::compiled_backends().join(", "));
+    let list = crate::devices();
+    if list.is_empty() {
+        println!("no devices present");
+    }
+    for d in list {
+        println!("{:<10} {}", d.id, d.name);
+    }
+    Ok(())
+}
+
+/// Opens `--device`, or the default device (`TESSERA_DEVICE`, else the best present).
+pub fn open_device(spec: Option<&str>) -> Result<std::sync::Arc<dyn crate::Device>> {
+    match spec {
+        Some(s) => crate::open_device(s),
+        None => crate::default_device(),
+    }
+}
+
+pub(crate) fn invalid(what: &str, detail: impl Into<String>) -> Error {
+    Error::invalid(what, detail)
+}

@@ -1,0 +1,439 @@
+//! `tessera train`: the built-in addition task by default, or any text file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::invalid;
+use crate::checkpoint;
+use crate::data::{AdditionTask, ByteTokenizer, Gpt2Tokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR};
+use crate::generate::greedy_batch;
+use crate::models::{Transformer, TransformerConfig};
+use crate::optim::Schedule;
+use crate::rng::RngState;
+use crate::train::{Precision, TrainOptions, Trainer};
+use crate::{DType, Device, Error, Result, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum FamilyArg {
+    Gpt2,
+    Llama,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum TokenizerArg {
+    /// One token per byte (vocabulary 256).
+    Byte,
+    /// GPT-2's byte-pair encoding (vocabulary 50,257), built in.
+    Gpt2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum PrecisionArg {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Options of `tessera train`. A resumed run keeps the options it was started with, except
+/// `--steps`, `--device`, `--out` and the output settings.
+#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+pub struct TrainArgs {
+    /// Text file to train on; without it, the built-in multi-digit addition task.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Tokenizer for --data.
+    #[arg(long, value_enum, default_value = "byte")]
+    pub tokenizer: TokenizerArg,
+    /// Operand digits of the addition task.
+    #[arg(long, default_value_t = AdditionTask::DEFAULT_DIGITS)]
+    pub digits: usize,
+    /// Device to train on (e.g. cpu, wgpu:0); default: TESSERA_DEVICE, else the best present.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Model family.
+    #[arg(long, value_enum, default_value = "gpt2")]
+    pub family: FamilyArg,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    pub d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Key/value heads (Llama; default: --heads).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// MLP width (default: 4 x d_model for GPT-2, 8/3 x d_model for Llama).
+    #[arg(long)]
+    pub d_ff: Option<usize>,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Tokens per sequence for --data (the addition task fixes its own).
+    #[arg(long, default_value_t = 128)]
+    pub seq: usize,
+    /// Micro-batches accumulated per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub accum: usize,
+    /// Optimizer steps at most (training on the addition task stops earlier once it reaches
+    /// the success bar, unless --no-early-stop).
+    #[arg(long, default_value_t = 6000)]
+    pub steps: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    pub lr: f64,
+    /// Linear warmup steps.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u64,
+    /// Final learning rate of the cosine decay (default: lr / 10).
+    #[arg(long)]
+    pub min_lr: Option<f64>,
+    /// Decoupled weight decay of matrices (biases and norms get none).
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0 turns clipping off).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    /// Compute precision; master weights and optimizer state stay f32.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: PrecisionArg,
+    /// Seed of initialization, data order and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Evaluate every this many steps.
+    #[arg(long, default_value_t = 250)]
+    pub eval_every: u64,
+    /// Held-out problems (addition) or validation batches x batch (text) per evaluation.
+    #[arg(long, default_value_t = 500)]
+    pub eval_size: usize,
+    /// Write a checkpoint every this many steps (and at the end).
+    #[arg(long, default_value_t = 500)]
+    pub checkpoint_every: u64,
+    /// Log metrics every this many steps.
+    #[arg(long, default_value_t = 10)]
+    pub log_every: u64,
+    /// Keep training after the addition task reaches its success bar.
+    #[arg(long)]
+    pub no_early_stop: bool,
+    /// Output directory for the checkpoint, metrics and plot.
+    #[arg(long, default_value = "runs/latest")]
+    pub out: PathBuf,
+    /// Continue the run saved in this checkpoint.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Stop (with a checkpoint) after this many steps of this invocation, keeping the
+    /// schedule of --steps, so that a long run can be split into sessions with --resume.
+    #[arg(long)]
+    pub halt_after: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct TrainSummary {
+    pub checkpoint: PathBuf,
+    pub plot: PathBuf,
+    pub metrics: PathBuf,
+    pub steps: u64,
+    pub final_loss: f64,
+    /// Held-out exact-match accuracy (addition) at the last evaluation.
+    pub accuracy: Option<f64>,
+    pub validation_loss: Option<f64>,
+}
+
+enum Task {
+    Addition(AdditionTask),
+    Text(TextDataset),
+}
+
+impl Task {
+    fn load(args: &TrainArgs) -> Result<(Task, usize, usize, &'static str)> {
+        match &args.data {
+            None => {
+                let task = AdditionTask::new(args.digits)?.with_eval_size(args.eval_size);
+                let (vocab, seq) = (task.vocab_size(), task.seq_len());
+                Ok((Task::Addition(task), vocab, seq, "addition"))
+            }
+            Some(path) => {
+                let tokenizer: Box<dyn Tokenizer> = match args.tokenizer {
+                    TokenizerArg::Byte => Box::new(ByteTokenizer),
+                    TokenizerArg::Gpt2 => Box::new(Gpt2Tokenizer::new()?),
+                };
+                let data = TextDataset::from_file(path, tokenizer.as_ref(), crate::data::DEFAULT_VAL_FRACTION)?;
+                let name = if args.tokenizer == TokenizerArg::Byte { "byte" } else { "gpt2" };
+                Ok((Task::Text(data), tokenizer.vocab_size(), args.seq, name))
+            }
+        }
+    }
+
+    fn batch(&self, batch: usize, seq: usize, rng: &mut RngState, device: &Arc<dyn Device>) -> Result<(Tensor, Tensor)> {
+        let (inputs, targets) = match self {
+            Task::Addition(t) => {
+                let (i, t, _) = t.sample_batch(batch, rng);
+                (i, t)
+            }
+            Task::Text(d) => d.batch(Split::Train, batch, seq, rng)?,
+        };
+        Ok((Tensor::from_slice(&inputs, &[batch, seq], device)?, Tensor::from_slice(&targets, &[batch, seq], device)?))
+    }
+}
+
+fn validate(args: &TrainArgs) -> Result<()> {
+    let positive = [("--layers", args.layers), ("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch), ("--accum", args.accum)];
+    if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+        return Err(invalid("train", format!("{name} must be at least 1")));
+    }
+    if args.d_model % args.heads != 0 {
+        return Err(invalid("train", format!("--d-model {} is not divisible by --heads {}", args.d_model, args.heads)));
+    }
+    if !(args.lr > 0.0 && args.lr.is_finite()) || args.weight_decay < 0.0 || args.grad_clip < 0.0 {
+        return Err(invalid("train", "--lr must be positive; --weight-decay and --grad-clip must be >= 0"));
+    }
+    if args.eval_every == 0 || args.checkpoint_every == 0 || args.log_every == 0 {
+        return Err(invalid("train", "--eval-every, --checkpoint-every and --log-every must be at least 1"));
+    }
+    if args.data.is_some() && args.seq < 2 {
+        return Err(invalid("train", "--seq must be at least 2"));
+    }
+    Ok(())
+}
+
+fn model_config(args: &TrainArgs, vocab: usize, seq: usize) -> TransformerConfig {
+    let positions = seq.max(16);
+    match args.family {
+        FamilyArg::Gpt2 => {
+            let mut c = TransformerConfig::gpt2(vocab, positions, args.d_model, args.layers, args.heads);
+            c.d_ff = args.d_ff.unwrap_or(4 * args.d_model);
+            c
+        }
+        FamilyArg::Llama => {
+            let d_ff = args.d_ff.unwrap_or((8 * args.d_model / 3).div_ceil(8) * 8);
+            TransformerConfig::llama(vocab, positions, args.d_model, args.layers, args.heads, args.kv_heads.unwrap_or(args.heads), d_ff)
+        }
+    }
+}
+
+fn options(args: &TrainArgs) -> TrainOptions {
+    let precision = match args.precision {
+        PrecisionArg::F32 => Precision::F32,
+        PrecisionArg::Bf16 => Precision::Bf16,
+        PrecisionArg::F16 => Precision::F16,
+    };
+    TrainOptions {
+        schedule: Schedule { peak: args.lr, min_lr: args.min_lr.unwrap_or(args.lr / 10.0), warmup: args.warmup, total: args.steps },
+        weight_decay: args.weight_decay,
+        betas: (0.9, 0.98),
+        eps: 1e-8,
+        grad_clip: (args.grad_clip > 0.0).then_some(args.grad_clip),
+        precision,
+    }
+}
+
+/// The options a run uses: a resumed run's stored options, with this invocation's steps,
+/// device and output settings.
+fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loaded>)> {
+    let Some(path) = &args.resume else { return Ok((args.clone(), None)) };
+    let loaded = checkpoint::load(path)?;
+    let stored = loaded.state.run.get("args").cloned().ok_or_else(|| Error::format(path.display().to_string(), "checkpoint holds no training options"))?;
+    let mut merged: TrainArgs = serde_json::from_value(stored).map_err(|e| Error::format(path.display().to_string(), format!("training options: {e}")))?;
+    merged.steps = args.steps;
+    merged.device.clone_from(&args.device);
+    merged.out.clone_from(&args.out);
+    merged.quiet = args.quiet;
+    merged.resume.clone_from(&args.resume);
+    merged.halt_after = args.halt_after;
+    Ok((merged, Some(loaded)))
+}
+
+/// Trains as `tessera train` does and reports where the results went.
+pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
+    let (args, resumed) = effective_args(args)?;
+    validate(&args)?;
+    let device = super::open_device(args.device.as_deref())?;
+    let (task, vocab, seq, tokenizer) = Task::load(&args)?;
+    let mut trainer = match resumed {
+        Some(loaded) => Trainer::from_checkpoint(loaded, &device, options(&args), &args.resume.clone().unwrap_or_default())?,
+        None => {
+            let config = model_config(&args, vocab, seq);
+            let mut rng = RngState::new(args.seed);
+            let model = Transformer::new(&config, &device, DType::F32, &mut rng)?;
+            let run = json!({ "args": args, "tokenizer": tokenizer });
+            Trainer::new(model, options(&args), rng, RngState::new(args.seed ^ 0xda7a_5eed), run)?
+        }
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| Error::io(&args.out, e))?;
+    let checkpoint_path = args.out.join("checkpoint.safetensors");
+    let metrics_path = args.out.join("metrics.jsonl");
+    let plot_path = args.out.join("loss.svg");
+    let mut metrics = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .map_err(|e| Error::io(&metrics_path, e))?;
+    let mut log = |value: serde_json::Value| -> Result<()> { writeln!(metrics, "{value}").map_err(|e| Error::io(&metrics_path, e)) };
+
+    let info = device.info();
+    let params: usize = crate::nn::parameters(trainer.weights()).iter().map(|(_, t)| t.numel()).sum();
+    println!(
+        "training {} ({} parameters) on {} ({}), {} tokens per step, {} precision",
+        match &task {
+            Task::Addition(t) => format!("{}-digit addition", t.digits()),
+            Task::Text(d) => format!("on {}", d.source()),
+        },
+        params,
+        info.id(),
+        info.name,
+        args.batch * seq * args.accum,
+        format!("{:?}", args.precision).to_lowercase(),
+    );
+    let bar = progress_bar(&args, trainer.state.step);
+    let start = Instant::now();
+    let (mut last_loss, mut accuracy, mut val_loss) = (f64::NAN, None, None);
+    let mut window = (Instant::now(), trainer.state.step);
+    let halt_at = args.halt_after.map_or(args.steps, |n| (trainer.state.step + n).min(args.steps));
+    while trainer.state.step < halt_at {
+        let mut micro = Vec::with_capacity(args.accum);
+        for _ in 0..args.accum {
+            micro.push(task.batch(args.batch, seq, &mut trainer.state.data_rng, &device)?);
+        }
+        let report = trainer.step(&micro)?;
+        let step = trainer.state.step;
+        if report.skipped {
+            println!("step {step}: gradients not finite, update skipped; loss scale now {}", trainer.state.loss_scale);
+        }
+        if step % args.log_every == 0 || step == args.steps {
+            last_loss = report.loss.item()?;
+            let elapsed = window.0.elapsed().as_secs_f64();
+            let tokens = ((step - window.1) as usize * args.batch * seq * args.accum) as f64;
+            let tokens_per_s = if elapsed > 0.0 { tokens / elapsed } else { 0.0 };
+            window = (Instant::now(), step);
+            log(json!({ "step": step, "loss": last_loss, "lr": report.lr, "grad_norm": report.grad_norm.item()?,
+                        "tokens_per_s": tokens_per_s, "elapsed_s": start.elapsed().as_secs_f64() }))?;
+            bar.set_position(step);
+            bar.set_message(format!("loss {last_loss:.4}  {tokens_per_s:.0} tok/s"));
+        }
+        let last = step == args.steps;
+        if step % args.eval_every == 0 || last {
+            let (line, reached) = evaluate(&task, &trainer, &args, seq, &mut accuracy, &mut val_loss)?;
+            log(json!({ "step": step, "eval": line.clone(), "elapsed_s": start.elapsed().as_secs_f64() }))?;
+            bar.suspend(|| println!("step {step}: {}", describe(&line)));
+            if reached && !args.no_early_stop {
+                bar.suspend(|| println!("reached the success bar ({:.0}% exact match) at step {step}", SUCCESS_BAR * 100.0));
+                break;
+            }
+        }
+        if step % args.checkpoint_every == 0 {
+            trainer.save(&checkpoint_path)?;
+        }
+    }
+    bar.finish_and_clear();
+    trainer.save(&checkpoint_path)?;
+    plot(&metrics_path, &plot_path)?;
+    if let (Task::Addition(_), Some(acc)) = (&task, accuracy) {
+        let verdict = if acc >= SUCCESS_BAR { "reached" } else { "did not reach" };
+        println!("held-out exact match {:.1}%: {verdict} the success bar of {:.0}%", acc * 100.0, SUCCESS_BAR * 100.0);
+    }
+    println!("trained {} steps in {:.1} s; final loss {last_loss:.4}", trainer.state.step, start.elapsed().as_secs_f64());
+    println!("checkpoint: {}", checkpoint_path.display());
+    println!("loss plot:  {}", plot_path.display());
+    println!("metrics:    {}", metrics_path.display());
+    Ok(TrainSummary { checkpoint: checkpoint_path, plot: plot_path, metrics: metrics_path, steps: trainer.state.step, final_loss: last_loss, accuracy, validation_loss: val_loss })
+}
+
+fn progress_bar(args: &TrainArgs, position: u64) -> indicatif::ProgressBar {
+    if args.quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(args.steps).with_position(position);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps [{elapsed_precise}] {msg}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Held-out accuracy (addition) or validation loss (text). Returns the metrics and whether
+/// the success bar is reached.
+fn evaluate(
+    task: &Task,
+    trainer: &Trainer,
+    args: &TrainArgs,
+    seq: usize,
+    accuracy: &mut Option<f64>,
+    val_loss: &mut Option<f64>,
+) -> Result<(serde_json::Value, bool)> {
+    let _guard = crate::no_grad();
+    let model = &trainer.model;
+    match task {
+        Task::Addition(t) => {
+            let problems = t.heldout_problems(t.eval_size());
+            let prompts: Vec<Vec<u32>> = problems.iter().map(|&(a, b)| t.encode_problem(a, b)).collect();
+            let mut answers = greedy_batch(model, &prompts, t.answer_len())?.into_iter();
+            let acc = t.score_problems(&problems, |_| answers.next().unwrap_or_default());
+            *accuracy = Some(acc);
+            Ok((json!({ "heldout_exact_match": acc, "problems": problems.len() }), acc >= SUCCESS_BAR))
+        }
+        Task::Text(d) => {
+            let mut rng = RngState::new(0x7661_6c69_6461_7465);
+            let batches = args.eval_size.div_ceil(args.batch).clamp(1, 8);
+            let mut total = 0.0;
+            for _ in 0..batches {
+                let (i, tg) = d.batch(Split::Validation, args.batch, seq, &mut rng)?;
+                let i = Tensor::from_slice(&i, &[args.batch, seq], model.device())?;
+                let tg = Tensor::from_slice(&tg, &[args.batch, seq], model.device())?;
+                total += model.loss_with_targets(&i, &tg)?.item()?;
+            }
+            let loss = total / batches as f64;
+            *val_loss = Some(loss);
+            Ok((json!({ "validation_loss": loss }), false))
+        }
+    }
+}
+
+fn describe(line: &serde_json::Value) -> String {
+    if let Some(acc) = line.get("heldout_exact_match").and_then(|v| v.as_f64()) {
+        format!("held-out exact match {:.1}%", acc * 100.0)
+    } else if let Some(loss) = line.get("validation_loss").and_then(|v| v.as_f64()) {
+        format!("validation loss {loss:.4}")
+    } else {
+        line.to_string()
+    }
+}
+
+/// Plots the training loss (and validation loss) recorded in the metrics file.
+fn plot(metrics: &Path, out: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(metrics).map_err(|e| Error::io(metrics, e))?;
+    let (mut train, mut val, mut acc) = (Vec::new(), Vec::new(), Vec::new());
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let step = v.get("step").and_then(|s| s.as_f64()).unwrap_or(0.0);
+        if let Some(l) = v.get("loss").and_then(|l| l.as_f64()) {
+            train.push((step, l));
+        }
+        if let Some(e) = v.get("eval") {
+            if let Some(l) = e.get("validation_loss").and_then(|l| l.as_f64()) {
+                val.push((step, l));
+            }
+            if let Some(a) = e.get("heldout_exact_match").and_then(|a| a.as_f64()) {
+                acc.push((step, a));
+            }
+        }
+    }
+    let mut series: Vec<(&str, &[(f64, f64)])> = vec![("training loss", &train)];
+    if !val.is_empty() {
+        series.push(("validation loss", &val));
+    }
+    if !acc.is_empty() {
+        series.push(("held-out exact match", &acc));
+    }
+    super::plot::write_svg(out, "tessera train", &series)
+}

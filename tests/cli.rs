@@ -33,10 +33,10 @@ fn tensors(path: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 #[test]
-fn one_digit_addition_is_learned() {
+fn two_digit_addition_is_learned() {
     let dir = temp_dir("learn");
     let out = dir.to_str().unwrap();
-    let args = train_args(&["--digits", "1", "--layers", "1", "--d-model", "64", "--steps", "600", "--eval-every", "100", "--out", out]);
+    let args = train_args(&["--digits", "2", "--d-model", "64", "--steps", "1500", "--eval-every", "100", "--out", out]);
     let summary = run(&args).unwrap();
     let acc = summary.accuracy.expect("addition reports accuracy");
     assert!(acc >= tessera::data::SUCCESS_BAR, "held-out exact match {acc} after {} steps", summary.steps);

@@ -88,7 +88,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 6000)]
     pub steps: u64,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
     /// Linear warmup steps.
     #[arg(long, default_value_t = 100)]

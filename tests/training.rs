@@ -1,0 +1,139 @@
+//! Properties of the training step that DESIGN §5 and §9 promise: no hidden host
+//! synchronization, memory flat after the first steps, mixed precision that learns, and
+//! gradient accumulation that equals one large batch.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tessera::data::AdditionTask;
+use tessera::models::{Transformer, TransformerConfig};
+use tessera::optim::Schedule;
+use tessera::rng::RngState;
+use tessera::train::{Precision, TrainOptions, Trainer};
+use tessera::{DType, Device, Tensor};
+
+fn cpu() -> Arc<dyn Device> {
+    tessera::open_device("cpu").unwrap()
+}
+
+fn options(precision: Precision) -> TrainOptions {
+    TrainOptions {
+        schedule: Schedule::constant(1e-3),
+        weight_decay: 0.01,
+        betas: (0.9, 0.98),
+        eps: 1e-8,
+        grad_clip: Some(1.0),
+        precision,
+    }
+}
+
+fn trainer(device: &Arc<dyn Device>, task: &AdditionTask, precision: Precision) -> Trainer {
+    let config = TransformerConfig::gpt2(task.vocab_size(), 16, 32, 2, 2);
+    let mut rng = RngState::new(5);
+    let model = Transformer::new(&config, device, DType::F32, &mut rng).unwrap();
+    Trainer::new(model, options(precision), rng, RngState::new(6), Value::Null).unwrap()
+}
+
+fn batch(task: &AdditionTask, trainer: &mut Trainer, n: usize) -> (Tensor, Tensor) {
+    let (inputs, targets, _) = task.sample_batch(n, &mut trainer.state.data_rng);
+    let device = trainer.device().clone();
+    let shape = [n, task.seq_len()];
+    (Tensor::from_slice(&inputs, &shape, &device).unwrap(), Tensor::from_slice(&targets, &shape, &device).unwrap())
+}
+
+#[test]
+fn a_training_step_makes_no_host_synchronization() {
+    let device = cpu();
+    let task = AdditionTask::new(2).unwrap();
+    let mut t = trainer(&device, &task, Precision::F32);
+    for _ in 0..3 {
+        let b = batch(&task, &mut t, 8);
+        let before = device.host_syncs();
+        let report = t.step(&[b]).unwrap();
+        assert_eq!(device.host_syncs(), before, "the step waited for the device");
+        report.loss.item().unwrap();
+        assert_eq!(device.host_syncs(), before + 1, "reading the loss is the one synchronization");
+    }
+}
+
+#[test]
+fn memory_in_use_is_flat_after_the_first_steps() {
+    let device = cpu();
+    let task = AdditionTask::new(2).unwrap();
+    let mut t = trainer(&device, &task, Precision::F32);
+    let mut in_use = Vec::new();
+    let mut reserved = Vec::new();
+    for _ in 0..40 {
+        let b = batch(&task, &mut t, 8);
+        drop(t.step(&[b]).unwrap());
+        let stats = device.memory();
+        in_use.push(stats.in_use);
+        reserved.push(stats.reserved);
+    }
+    assert!(in_use[5..].iter().all(|&m| m == in_use[5]), "memory in use drifts: {in_use:?}");
+    assert!(reserved[5..].iter().all(|&m| m == reserved[5]), "the pool keeps growing: {reserved:?}");
+    assert!(device.memory().reuse_rate() > 0.9, "the pool rarely reuses blocks: {:?}", device.memory());
+}
+
+fn learns(precision: Precision) {
+    let device = cpu();
+    let task = AdditionTask::new(2).unwrap();
+    let mut t = trainer(&device, &task, precision);
+    let (mut losses, mut skipped) = (Vec::new(), 0);
+    for _ in 0..120 {
+        let b = batch(&task, &mut t, 16);
+        let report = t.step(&[b]).unwrap();
+        skipped += usize::from(report.skipped);
+        losses.push(report.loss.item().unwrap());
+    }
+    // f16 starts with a loss scale of 2^16 and halves it on each overflow, so its first steps
+    // may be skipped; bf16 has f32's range and never needs to skip.
+    let allowed = if precision == Precision::F16 { 12 } else { 0 };
+    assert!(skipped <= allowed, "{precision:?}: {skipped} steps skipped");
+    if precision == Precision::F16 {
+        assert!(t.state.loss_scale < 65536.0 || skipped == 0, "overflow did not lower the loss scale");
+    }
+    assert_eq!(t.model.dtype(), precision.dtype());
+    assert_eq!(t.weights().dtype(), DType::F32, "master weights must stay f32");
+    let (first, last) = (losses[..10].iter().sum::<f64>() / 10.0, losses[110..].iter().sum::<f64>() / 10.0);
+    assert!(last < 0.7 * first, "{precision:?}: loss went from {first} to {last}");
+}
+
+#[test]
+fn bf16_training_learns_with_f32_master_weights() {
+    learns(Precision::Bf16);
+}
+
+#[test]
+fn f16_training_learns_with_loss_scaling() {
+    learns(Precision::F16);
+}
+
+#[test]
+fn accumulated_micro_batches_give_the_large_batch_gradient() {
+    let device = cpu();
+    let config = TransformerConfig::llama(64, 16, 32, 2, 4, 2, 64);
+    let model = Transformer::new(&config, &device, DType::F32, &mut RngState::new(1)).unwrap();
+    let ids: Vec<u32> = (0..8 * 12).map(|i| (i * 7 + 3) % 64).collect();
+    let targets: Vec<u32> = (0..8 * 12).map(|i| (i * 5 + 1) % 64).collect();
+    let whole = |n: usize, from: usize| {
+        (
+            Tensor::from_slice(&ids[from * 12..(from + n) * 12], &[n, 12], &device).unwrap(),
+            Tensor::from_slice(&targets[from * 12..(from + n) * 12], &[n, 12], &device).unwrap(),
+        )
+    };
+    let (x, y) = whole(8, 0);
+    model.loss_with_targets(&x, &y).unwrap().backward().unwrap();
+    let large: Vec<Vec<f64>> = tessera::nn::parameters(&model).iter().map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap()).collect();
+    tessera::nn::zero_grad(&model);
+    for half in [0, 4] {
+        let (x, y) = whole(4, half);
+        model.loss_with_targets(&x, &y).unwrap().mul_scalar(0.5).unwrap().backward().unwrap();
+    }
+    for ((name, p), want) in tessera::nn::parameters(&model).iter().zip(large) {
+        let got = p.grad().unwrap().to_vec_f64().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-6 + 1e-4 * w.abs(), "{name}: accumulated {g} vs large batch {w}");
+        }
+    }
+}

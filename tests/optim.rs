@@ -67,7 +67,7 @@ fn sgd_dampening_applies_from_the_second_step() {
 #[test]
 fn adam_with_l2_weight_decay() {
     let (params, p) = param(&[1.0]);
-    let mut opt = Adam::adam(vec![ParamGroup::new(params, 0.1)], 0.9, 0.999, 1e-8).unwrap();
+    let mut opt = Adam::with_l2_decay(vec![ParamGroup::new(params, 0.1)], 0.9, 0.999, 1e-8).unwrap();
     set_grad(&p, &[0.5]);
     opt.step(0.1, &one(&p)).unwrap();
     // g = 0.5 + 0.1 * 1 = 0.6; m = 0.06, v = 0.00036; m / (1 - 0.9) = 0.6,

@@ -3,26 +3,26 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tessera::Device;
+use tessera::{Device, DeviceListing};
 
 /// Every device present, narrowed to the backends named in `TESSERA_DEVICES`
-/// (comma-separated backend names or device ids, e.g. `cpu,wgpu:0`). Each is opened once.
-pub fn devices_under_test() -> Vec<Arc<dyn Device>> {
+/// (comma-separated backend names or device ids, e.g. `cpu,wgpu:0`).
+pub fn listings_under_test() -> Vec<DeviceListing> {
     let filter: Option<Vec<String>> = std::env::var("TESSERA_DEVICES")
         .ok()
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.split(',').map(|p| p.trim().to_string()).collect());
     tessera::devices()
         .into_iter()
-        .filter(|d| {
-            filter
-                .as_ref()
-                .is_none_or(|f| f.iter().any(|w| *w == d.backend || *w == d.id))
-        })
-        .map(|d| {
-            tessera::open_device(&d.id)
-                .unwrap_or_else(|e| panic!("{} is listed but does not open: {e}", d.id))
-        })
+        .filter(|d| filter.as_ref().is_none_or(|f| f.iter().any(|w| *w == d.backend || *w == d.id)))
+        .collect()
+}
+
+/// [`listings_under_test`], each opened once.
+pub fn devices_under_test() -> Vec<Arc<dyn Device>> {
+    listings_under_test()
+        .into_iter()
+        .map(|d| tessera::open_device(&d.id).unwrap_or_else(|e| panic!("{} is listed but does not open: {e}", d.id)))
         .collect()
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tessera::{devices, open_device, DType, Device, Error, Op, Tensor, TensorSpec};
+use tessera::{open_device, DType, Device, Error, Op, Tensor, TensorSpec};
 
 use crate::prepare::{
     generate, needed_dtypes, prepare, reference_outputs, round_to, run_on_device, seed_of, Case,
@@ -199,20 +199,10 @@ const GC_ATOL: f64 = 1e-5;
 const GC_RTOL: f64 = 1e-3;
 
 impl Suite {
-    /// Every device `devices()` lists, narrowed by `TESSERA_DEVICES` (comma-separated backend
-    /// names or device ids, e.g. `cpu,wgpu:1`).
+    /// The devices [`crate::env::listings_under_test`] selects, and a CPU reference.
     pub fn from_env() -> Result<Suite, Error> {
-        let wanted: Option<Vec<String>> = std::env::var("TESSERA_DEVICES")
-            .ok()
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| s.split(',').map(|p| p.trim().to_string()).collect());
         let mut targets = Vec::new();
-        for listing in devices() {
-            if let Some(w) = &wanted {
-                if !w.iter().any(|x| *x == listing.id || x == listing.backend) {
-                    continue;
-                }
-            }
+        for listing in crate::env::listings_under_test() {
             let device = open_device(&listing.id)?;
             targets.push(Target {
                 backend: listing.backend.to_string(),

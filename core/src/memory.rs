@@ -115,7 +115,7 @@ mod tests {
         for bytes in (1..5000).chain([1 << 20, (1 << 20) + 1, 123_456_789]) {
             let c = size_class(bytes);
             assert!(c >= bytes);
-            assert!(c % 4 == 0 && ((c - bytes.max(4)) * 8 <= bytes.max(4) || c - bytes < 4), "{bytes} -> {c}");
+            assert!(c.is_multiple_of(4) && ((c - bytes.max(4)) * 8 <= bytes.max(4) || c - bytes < 4), "{bytes} -> {c}");
         }
     }
 

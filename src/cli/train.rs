@@ -193,7 +193,7 @@ fn validate(args: &TrainArgs) -> Result<()> {
     if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(invalid("train", format!("{name} must be at least 1")));
     }
-    if args.d_model % args.heads != 0 {
+    if !args.d_model.is_multiple_of(args.heads) {
         return Err(invalid("train", format!("--d-model {} is not divisible by --heads {}", args.d_model, args.heads)));
     }
     if !(args.lr > 0.0 && args.lr.is_finite()) || args.weight_decay < 0.0 || args.grad_clip < 0.0 {

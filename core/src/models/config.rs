@@ -86,13 +86,13 @@ impl TransformerConfig {
         if [self.vocab_size, self.max_positions, self.d_model, self.n_layer, self.n_head, self.n_kv_head, self.head_dim, self.d_ff].contains(&0) {
             return bad(format!("every size must be positive: {self:?}"));
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             return bad(format!("{} heads are not a multiple of {} key/value heads", self.n_head, self.n_kv_head));
         }
         if self.family == Family::Gpt2 && self.n_head * self.head_dim != self.d_model {
             return bad(format!("GPT-2 needs n_embd {} divisible by n_head {}", self.d_model, self.n_head));
         }
-        if self.family == Family::Llama && self.head_dim % 2 != 0 {
+        if self.family == Family::Llama && !self.head_dim.is_multiple_of(2) {
             return bad(format!("rotary embeddings need an even head_dim; got {}", self.head_dim));
         }
         if !(self.norm_eps >= 0.0 && self.rope_theta > 0.0) {

@@ -29,7 +29,7 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
             require_same_dtype(name, inputs, &[0, 1, 2])?;
             let x = &inputs[0].shape;
             let r = x.len();
-            if r < 2 || x[r - 1] % 2 != 0 {
+            if r < 2 || !x[r - 1].is_multiple_of(2) {
                 return Err(err("x must be [..., T, D] with D even"));
             }
             let half = [x[r - 2], x[r - 1] / 2];

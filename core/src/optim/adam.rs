@@ -24,7 +24,8 @@ impl Adam {
         Adam::new(groups, beta1, beta2, eps, true)
     }
 
-    pub fn adam(groups: Vec<ParamGroup>, beta1: f64, beta2: f64, eps: f64) -> Result<Self> {
+    /// Adam with L2 weight decay added to the gradient (PyTorch's `Adam`).
+    pub fn with_l2_decay(groups: Vec<ParamGroup>, beta1: f64, beta2: f64, eps: f64) -> Result<Self> {
         Adam::new(groups, beta1, beta2, eps, false)
     }
 

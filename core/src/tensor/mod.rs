@@ -352,7 +352,7 @@ impl Tensor {
             [] => {}
             [h] => {
                 let known: usize = shape.iter().enumerate().filter(|(i, _)| i != h).map(|(_, &d)| d).product();
-                if known == 0 || self.numel() % known != 0 {
+                if known == 0 || !self.numel().is_multiple_of(known) {
                     return Err(err());
                 }
                 shape[*h] = self.numel() / known;
@@ -442,7 +442,7 @@ impl Tensor {
     pub fn chunk(&self, chunks: usize, axis: isize) -> Result<Vec<Tensor>> {
         let a = normalize_axis("chunk", axis, self.shape())?;
         let size = self.shape()[a];
-        if chunks == 0 || size % chunks != 0 {
+        if chunks == 0 || !size.is_multiple_of(chunks) {
             return Err(Error::shape("chunk", format!("axis {a} of {:?} does not split into {chunks} equal parts", self.shape())));
         }
         let part = size / chunks;

@@ -127,6 +127,9 @@ impl TransformerConfig {
                 if !matches!(act, "gelu_new" | "gelu_pytorch_tanh") {
                     return Err(Error::format(origin, format!("activation `{act}` is not supported (GPT-2 models here use the tanh GELU)")));
                 }
+                if flag("scale_attn_by_inverse_layer_idx", false) || !flag("scale_attn_weights", true) {
+                    return Err(Error::format(origin, "only GPT-2's standard 1/sqrt(head_dim) attention scaling is supported"));
+                }
                 let d = size("n_embd")?;
                 let mut c = TransformerConfig::gpt2(size("vocab_size")?, size("n_positions")?, d, size("n_layer")?, size("n_head")?);
                 c.d_ff = opt_size("n_inner").unwrap_or(4 * d);

@@ -202,7 +202,9 @@ impl Transformer {
     /// Mean next-token cross-entropy of `ids [B, T]`: logits at `0..T-1` against ids at
     /// `1..T`, as Hugging Face computes the loss with `labels = input_ids`.
     pub fn loss(&self, ids: &Tensor) -> Result<Tensor> {
-        let (b, t) = (ids.shape()[0], ids.shape().get(1).copied().unwrap_or(0));
+        let &[b, t] = ids.shape() else {
+            return Err(Error::shape("loss", format!("token ids must be [B, T]; got {:?} {}", ids.shape(), ids.dtype())));
+        };
         if t < 2 {
             return Err(Error::shape("loss", format!("need at least 2 tokens per row; got {:?}", ids.shape())));
         }

@@ -34,7 +34,9 @@ impl Rotary {
 
     /// Rotates `x [B, H, T, D]` whose first row is at position `start`.
     pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
-        let t = x.shape()[2];
+        let &[_, _, t, _] = x.shape() else {
+            return Err(crate::Error::shape("rotary", format!("x must be [B, H, T, D]; got {:?}", x.shape())));
+        };
         let max = self.cos.shape()[0];
         if start + t > max {
             return Err(crate::Error::Index { op: "rotary".into(), index: (start + t) as isize, size: max, shape: x.shape().to_vec() });
@@ -87,7 +89,9 @@ impl CausalSelfAttention {
     /// `x [B, T, C]` at positions `start..start + T` to `[B, T, C]`. With a cache, the new keys
     /// and values are appended and attention covers every cached position.
     pub fn forward(&self, x: &Tensor, start: usize, cache: Option<&mut Option<(Tensor, Tensor)>>) -> Result<Tensor> {
-        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let &[b, t, _] = x.shape() else {
+            return Err(crate::Error::shape("attention", format!("x must be [B, T, C]; got {:?} {}", x.shape(), x.dtype())));
+        };
         let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
         let (q, k, v) = match &self.qkv {
             QkvProjection::Fused(lin) => {

@@ -1,4 +1,4 @@
-//! The `tessera` command: `devices`, `train`, `generate`.
+//! The `tessera` command: `devices`, `train`, `generate`, `bench`.
 
 use clap::Parser;
 

@@ -1,5 +1,6 @@
 //! The command-line program, as a library so tests can drive it without a subprocess.
 
+pub mod bench;
 pub mod generate;
 pub mod plot;
 pub mod train;
@@ -23,6 +24,8 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Generate text from a Tessera checkpoint or a Hugging Face model directory.
     Generate(generate::GenerateArgs),
+    /// Measure training steps and greedy decoding (JSON lines); --peer runs PyTorch beside.
+    Bench(bench::BenchArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -30,6 +33,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Devices => devices(),
         Command::Train(args) => train::run(&args).map(|_| ()),
         Command::Generate(args) => generate::run(&args),
+        Command::Bench(args) => bench::run(&args),
     }
 }
 

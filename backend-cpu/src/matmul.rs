@@ -1,5 +1,5 @@
 //! Batched matrix multiplication with bias, activation and residual epilogues, through the
-//! `gemm` crate on contiguous host copies of the operands.
+//! `gemm` crate, which reads operands at any row and column strides.
 
 use rayon::prelude::*;
 use tessera_core::{contiguous_strides, numel, Error, Layout, Op, Result, TensorRef};
@@ -129,21 +129,20 @@ pub(crate) fn launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>
     }
 }
 
-/// An operand copied to row-major host memory, with broadcast (stride-0) batch dimensions kept
-/// once rather than repeated, and the element stride of each batch dimension in the copy.
+/// An operand in host memory and the element strides of every dimension to walk it. Views
+/// that cover most of their stored span (row-major, transposed in place, broadcast) are read as
+/// that span in stored order and walked with their own strides, which gemm takes directly;
+/// sparser views are gathered into a row-major copy.
 fn read_operand<F: Float>(t: &TensorRef<'_>) -> Result<(Vec<F>, Vec<usize>)> {
-    let batch = t.layout.rank() - 2;
-    let mut layout: Layout = t.layout.clone();
-    for d in 0..batch {
-        if layout.strides[d] == 0 {
-            layout.shape[d] = 1;
-        }
+    let layout = &t.layout;
+    let distinct: usize = layout.shape.iter().zip(&layout.strides).filter(|(_, &s)| s != 0).map(|(&d, _)| d).product();
+    let span = layout.extent() - layout.offset;
+    if span <= 2 * distinct.max(1) {
+        let stored = Layout { shape: vec![span], strides: vec![1], offset: layout.offset };
+        return Ok((read_layout(t.buffer, t.dtype, &stored)?, layout.strides.clone()));
     }
     let strides = contiguous_strides(&layout.shape);
-    let batch_strides = (0..batch)
-        .map(|d| if layout.shape[d] == 1 { 0 } else { strides[d] })
-        .collect();
-    Ok((read_layout(t.buffer, t.dtype, &layout)?, batch_strides))
+    Ok((read_layout(t.buffer, t.dtype, layout)?, strides))
 }
 
 /// The offset of batch `index` (row-major over `shape`) in an operand with `strides`.
@@ -175,9 +174,9 @@ fn run<F: Float>(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>]) -
         let (a, a_strides) = read_operand::<F>(&inputs[0])?;
         let (b, b_strides) = read_operand::<F>(&inputs[1])?;
         let one = |(i, dst): (usize, &mut [F])| {
-            let a = &a[batch_offset(i, batch_shape, &a_strides)..];
-            let b = &b[batch_offset(i, batch_shape, &b_strides)..];
-            gemm_into(m, n, k, Mat::rows(a, k), Mat::rows(b, n), dst, false)
+            let a = Mat { data: &a[batch_offset(i, batch_shape, &a_strides)..], rs: a_strides[r - 2], cs: a_strides[r - 1] };
+            let b = Mat { data: &b[batch_offset(i, batch_shape, &b_strides)..], rs: b_strides[r - 2], cs: b_strides[r - 1] };
+            gemm_into(m, n, k, a, b, dst, false)
         };
         if mn.saturating_mul(k) >= PARALLEL_FLOPS {
             out.chunks_mut(mn).enumerate().try_for_each(one)?;

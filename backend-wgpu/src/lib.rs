@@ -1,19 +1,62 @@
-//! Tessera's `wgpu` backend: WGSL kernels over wgpu.
+//! Tessera's `wgpu` backend: WGSL kernels over wgpu, on Vulkan.
 //!
-//! Not implemented yet: the crate registers the backend so that `tessera devices` and device
-//! selection know it, and its probe reports no devices, so nothing ever runs on it and nothing
-//! falls back silently. Its kernels land with the backend's own issue.
+//! Every Vulkan adapter wgpu finds is a device (`wgpu:0`, `wgpu:1`, ...), software ones such as
+//! lavapipe included, listed after the hardware ones. A missing Vulkan loader or driver means no
+//! devices, never a panic.
+//!
+//! How a launch runs:
+//! - Each op family has a WGSL file under `src/kernels/`. A pipeline is built from the file's
+//!   shared part, one `// @kernel` section, and binding declarations generated for the launch's
+//!   dtypes (`ldK`/`stK` load and store binding `K` as f32; `ldnK`/`stnK` in its native type).
+//!   Pipelines are compiled once per device and cached by op, dtypes and variant.
+//! - Launch parameters (sizes, strides, offsets, scalars) are `u32` words written into a
+//!   per-submission parameter buffer and reached through a dynamic offset: no buffer is created
+//!   per dispatch. Bind groups are cached by the buffers they bind.
+//! - Dispatches are recorded into one command encoder and submitted at sync points: a read, a
+//!   `synchronize`, a host write, or when the batch grows large.
+//! - Grids loop: kernels stride over work by the number of workgroups launched, and the grid is
+//!   spread over two dimensions, so no size is capped at 65,535 workgroups.
+//! - Buffers come from core's caching pool; a freed block is handed out again only once the
+//!   submission of its last use has completed.
+//! - Computation is f32 (dtypes f32, i32, u32 and bool); anything else is `Unsupported`.
+
+mod attention;
+mod buffer;
+mod conv;
+mod device;
+mod elementwise;
+mod loss;
+mod matmul;
+mod movement;
+mod norm;
+mod optim;
+mod random;
+mod reduce;
+mod shader;
 
 use std::sync::Arc;
 
 use tessera_core::{BackendEntry, Device, Error, Result};
 
+pub use buffer::WgpuBuffer;
+pub use device::WgpuDevice;
+
 fn probe() -> Vec<String> {
-    Vec::new()
+    device::adapters()
+        .iter()
+        .map(|a| a.get_info().name)
+        .collect()
 }
 
 fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
-    Err(Error::Device { name: format!("wgpu:{ordinal}"), detail: "the wgpu backend has no kernels yet".into() })
+    let adapter = device::adapters()
+        .into_iter()
+        .nth(ordinal)
+        .ok_or_else(|| Error::Device {
+            name: format!("wgpu:{ordinal}"),
+            detail: "no such wgpu adapter".into(),
+        })?;
+    Ok(Arc::new(WgpuDevice::open(adapter, ordinal)?))
 }
 
 tessera_core::inventory::submit! {

@@ -113,7 +113,7 @@ pub fn generate(
         let token = if options.sampling.temperature == 0.0 {
             last.argmax(-1, false)?.item()? as u32
         } else {
-            let row = last.to_dtype(DType::F64)?.to_vec_f64()?;
+            let row = last.to_vec_f64()?;
             options.sampling.pick(&row, rng)
         };
         out.push(token);

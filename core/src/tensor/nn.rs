@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Tensor;
 use crate::rng::RngState;
-use crate::{CompareOp, Conv2dParams, DType, Device, Error, Op, Result};
+use crate::{CompareOp, Conv2dParams, Device, Error, Op, Result};
 
 impl Tensor {
     /// Layer norm over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`.
@@ -43,11 +43,14 @@ impl Tensor {
         }
         let rows = self.cross_entropy_rows(targets)?;
         let stats = rows.dtype();
-        let t = targets.to_dtype(DType::F64)?;
         let device = self.device();
-        let low = Tensor::scalar(0.0, DType::F64, device)?;
-        let high = Tensor::scalar(self.shape()[1] as f64, DType::F64, device)?;
-        let valid = t.compare_to(&low, CompareOp::Ge)?.to_dtype(stats)?.mul(&t.compare_to(&high, CompareOp::Lt)?.to_dtype(stats)?)?;
+        // Compared in the targets' own integer dtype: exact, and available on every backend.
+        let low = Tensor::scalar(0.0, targets.dtype(), device)?;
+        let high = Tensor::scalar(self.shape()[1] as f64, targets.dtype(), device)?;
+        let valid = targets
+            .compare_to(&low, CompareOp::Ge)?
+            .to_dtype(stats)?
+            .mul(&targets.compare_to(&high, CompareOp::Lt)?.to_dtype(stats)?)?;
         let count = valid.sum_all()?.maximum(&Tensor::scalar(1.0, stats, device)?)?;
         rows.sum_all()?.div(&count)
     }

@@ -1,0 +1,856 @@
+//! The wgpu device: adapter probing, the pool, batched command recording, host copies,
+//! pipeline and bind group caches, and kernel dispatch by op family.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use tessera_core::memory::Pool;
+use tessera_core::ops::validate_launch;
+use tessera_core::{
+    dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
+    Op, Result, TensorRef,
+};
+
+use crate::buffer::{wgpu_buffer, Block, SharedPool, WgpuBuffer};
+use crate::{attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce};
+
+/// Bytes one launch's parameter block may take: the size of the dynamic-offset binding.
+pub(crate) const PARAM_BLOCK: u64 = 1024;
+/// Size of each per-submission parameter buffer.
+const PARAM_CAPACITY: u64 = 256 * 1024;
+/// Dispatches recorded before a batch is submitted without waiting for a sync point, so the
+/// GPU starts working while the host records more.
+const MAX_BATCH: usize = 256;
+/// Bind groups kept per device; the cache is cleared when it grows past this.
+const MAX_BIND_GROUPS: usize = 4096;
+/// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
+pub(crate) const WG: u64 = 256;
+
+/// Every Vulkan adapter, hardware before software. Any failure (no loader, no driver, a panic
+/// inside the driver probe) gives an empty list.
+pub(crate) fn adapters() -> Vec<wgpu::Adapter> {
+    let found = std::panic::catch_unwind(|| {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::VULKAN;
+        let instance = wgpu::Instance::new(desc);
+        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::VULKAN))
+    });
+    let mut list = found.unwrap_or_default();
+    let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    list.sort_by_key(rank);
+    list
+}
+
+fn backend_err(detail: impl Into<String>) -> Error {
+    Error::Backend {
+        backend: "wgpu".into(),
+        detail: detail.into(),
+    }
+}
+
+/// A compiled pipeline and the number of data bindings its layout has.
+#[derive(Debug)]
+pub(crate) struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    bindings: usize,
+}
+
+/// One binding of a dispatch: a byte window of a buffer.
+pub(crate) struct Bind<'a> {
+    pub buf: &'a WgpuBuffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+#[derive(Debug)]
+struct ParamBuf {
+    buffer: wgpu::Buffer,
+    id: u64,
+    last_use: u64,
+}
+
+/// Bind groups are cached by parameter buffer and the (buffer, offset, size) of each binding.
+type BindKey = (u64, Vec<(u64, u64, u64)>);
+
+/// Kernels are cached per op descriptor and input dtypes.
+type KernelKey = (Op, Vec<DType>);
+
+/// The batch being recorded and what it needs at submission.
+struct State {
+    /// Sequence number of the batch being recorded; batch `s` is done once `completed >= s`.
+    seq: u64,
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: usize,
+    params: Option<ParamBuf>,
+    param_data: Vec<u8>,
+    free_params: Vec<ParamBuf>,
+    /// Work or host writes queued since the last submission.
+    dirty: bool,
+    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    staging: Option<wgpu::Buffer>,
+}
+
+/// Everything a device owns; kernels hold a weak handle to it.
+pub(crate) struct Core {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: DeviceInfo,
+    align: u64,
+    max_binding: u64,
+    max_groups: u64,
+    pool: SharedPool,
+    completed: Arc<AtomicU64>,
+    errors: Arc<Mutex<Vec<String>>>,
+    state: Mutex<State>,
+    pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    next_id: AtomicU64,
+    syncs: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Core {
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Fails with the driver errors reported since the last check, if any.
+    fn check_errors(&self) -> Result<()> {
+        let mut errors = lock(&self.errors);
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let all = std::mem::take(&mut *errors).join("\n");
+        Err(backend_err(all))
+    }
+
+    /// Submits the batch being recorded, with its parameter block.
+    fn flush(&self, st: &mut State) {
+        if !st.dirty {
+            return;
+        }
+        if let Some(pb) = &st.params {
+            if !st.param_data.is_empty() {
+                self.queue.write_buffer(&pb.buffer, 0, &st.param_data);
+            }
+        }
+        let cmds = st.encoder.take().map(|e| e.finish());
+        self.queue.submit(cmds);
+        let seq = st.seq;
+        let done = self.completed.clone();
+        self.queue.on_submitted_work_done(move || {
+            done.fetch_max(seq, Ordering::AcqRel);
+        });
+        if let Some(mut pb) = st.params.take() {
+            pb.last_use = seq;
+            st.free_params.push(pb);
+        }
+        st.param_data.clear();
+        st.dispatches = 0;
+        st.dirty = false;
+        st.seq += 1;
+    }
+
+    fn wait_idle(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| backend_err(format!("poll: {e}")))?;
+        self.check_errors()
+    }
+
+    fn param_buffer(&self, st: &mut State) -> ParamBuf {
+        let done = self.completed.load(Ordering::Acquire);
+        if let Some(pos) = st.free_params.iter().position(|p| p.last_use <= done) {
+            return st.free_params.swap_remove(pos);
+        }
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tessera params"),
+            size: PARAM_CAPACITY,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        ParamBuf {
+            buffer,
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            last_use: 0,
+        }
+    }
+
+    fn layout(&self, bindings: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
+        let mut layouts = lock(&self.layouts);
+        layouts
+            .entry(bindings)
+            .or_insert_with(|| {
+                let storage = |read_only, dynamic| wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only },
+                    has_dynamic_offset: dynamic,
+                    min_binding_size: None,
+                };
+                let mut entries = vec![wgpu::BindGroupLayoutEntry {
+                    binding: 0,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: storage(true, true),
+                    count: None,
+                }];
+                entries.extend((1..=bindings).map(|b| wgpu::BindGroupLayoutEntry {
+                    binding: b as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: storage(false, false),
+                    count: None,
+                }));
+                let bgl = self
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some("tessera bindings"),
+                        entries: &entries,
+                    });
+                let pl = self
+                    .device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some("tessera layout"),
+                        bind_group_layouts: &[Some(&bgl)],
+                        immediate_size: 0,
+                    });
+                (bgl, pl)
+            })
+            .clone()
+    }
+
+    /// The pipeline cached under `key`, compiling `source()` on a miss. `key` must name the
+    /// op, its dtypes and any variant, as the source depends on nothing else.
+    pub(crate) fn pipeline(
+        &self,
+        key: &str,
+        bindings: usize,
+        source: impl FnOnce() -> String,
+    ) -> Result<Arc<Pipeline>> {
+        if let Some(p) = lock(&self.pipelines).get(key) {
+            return Ok(p.clone());
+        }
+        let src = source();
+        let (_, layout) = self.layout(bindings);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl(src.clone().into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            let numbered: Vec<String> = src
+                .lines()
+                .enumerate()
+                .map(|(i, l)| format!("{:4} {l}", i + 1))
+                .collect();
+            return Err(Error::Compile {
+                backend: "wgpu".into(),
+                op: key.into(),
+                log: format!("{err}\n{}", numbered.join("\n")),
+            });
+        }
+        let p = Arc::new(Pipeline { pipeline, bindings });
+        lock(&self.pipelines).insert(key.to_string(), p.clone());
+        Ok(p)
+    }
+
+    /// The binding window of a tensor and its element offset inside that window.
+    pub(crate) fn view<'a>(&self, t: &TensorRef<'a>) -> Result<(Bind<'a>, u32)> {
+        let buf = wgpu_buffer(t.buffer)?;
+        let size = t.dtype.size() as u64;
+        let start = t.layout.offset as u64 * size;
+        let aligned = start - start % self.align;
+        let end =
+            ((t.layout.extent() as u64 * size).max(start + 4).div_ceil(4) * 4).min(buf.capacity());
+        let window = end.saturating_sub(aligned).max(4);
+        if window > self.max_binding || aligned + window > buf.capacity() {
+            return Err(Error::unsupported(
+                "wgpu",
+                format!(
+                    "a tensor view of {window} bytes (the adapter binds at most {})",
+                    self.max_binding
+                ),
+            ));
+        }
+        let offset = u32::try_from((start - aligned) / size)
+            .map_err(|_| Error::unsupported("wgpu", "views past 2^32 elements"))?;
+        Ok((
+            Bind {
+                buf,
+                offset: aligned,
+                size: window,
+            },
+            offset,
+        ))
+    }
+
+    /// A 2-D grid of at least `groups` workgroups where the device allows, else as many as
+    /// fit; kernels loop over the rest.
+    pub(crate) fn grid(&self, groups: u64) -> [u32; 3] {
+        let x = groups.clamp(1, self.max_groups);
+        let y = groups.div_ceil(x).clamp(1, self.max_groups);
+        [x as u32, y as u32, 1]
+    }
+
+    /// `n` clamped to the grid's per-dimension limit (kernels loop over the rest).
+    pub(crate) fn dim(&self, n: usize) -> u32 {
+        (n as u64).min(self.max_groups) as u32
+    }
+
+    /// Records one dispatch into the current batch.
+    pub(crate) fn dispatch(
+        &self,
+        pipe: &Pipeline,
+        binds: &[Bind<'_>],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if params.len() as u64 * 4 > PARAM_BLOCK {
+            return Err(Error::unsupported(
+                "wgpu",
+                format!(
+                    "a launch with {} parameter words (tensors of too high a rank)",
+                    params.len()
+                ),
+            ));
+        }
+        if binds.len() != pipe.bindings {
+            return Err(backend_err(format!(
+                "{} bindings for a pipeline of {}",
+                binds.len(),
+                pipe.bindings
+            )));
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let mut guard = self.state();
+        let st = &mut *guard;
+        if st.dispatches >= MAX_BATCH || st.param_data.len() as u64 + PARAM_BLOCK > PARAM_CAPACITY {
+            self.flush(st);
+        }
+        if st.params.is_none() {
+            st.params = Some(self.param_buffer(st));
+        }
+        let param_offset = st.param_data.len() as u64;
+        st.param_data
+            .extend(params.iter().flat_map(|w| w.to_le_bytes()));
+        let padded = (st.param_data.len() as u64).div_ceil(self.align) * self.align;
+        st.param_data.resize(padded as usize, 0);
+        let pb = st
+            .params
+            .as_ref()
+            .ok_or_else(|| backend_err("no parameter buffer"))?;
+        let key: BindKey = (
+            pb.id,
+            binds.iter().map(|b| (b.buf.id, b.offset, b.size)).collect(),
+        );
+        if st.bind_groups.len() >= MAX_BIND_GROUPS {
+            st.bind_groups.clear();
+        }
+        if !st.bind_groups.contains_key(&key) {
+            let (bgl, _) = self.layout(binds.len());
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &pb.buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(PARAM_BLOCK),
+                }),
+            }];
+            entries.extend(binds.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &b.buf.buffer,
+                    offset: b.offset,
+                    size: wgpu::BufferSize::new(b.size),
+                }),
+            }));
+            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &bgl,
+                entries: &entries,
+            });
+            st.bind_groups.insert(key.clone(), bg);
+        }
+        let bg = &st.bind_groups[&key];
+        let encoder = st.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("tessera batch"),
+                })
+        });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipe.pipeline);
+            pass.set_bind_group(0, bg, &[param_offset as u32]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        for b in binds {
+            b.buf.used_in(st.seq);
+        }
+        st.dispatches += 1;
+        st.dirty = true;
+        Ok(())
+    }
+
+    /// A scratch buffer from the pool, for kernels that need intermediate results.
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.alloc(bytes.max(4))
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        let class = tessera_core::memory::size_class(bytes);
+        let mut pool = lock(&self.pool);
+        if class as u64 > self.info.limits.max_buffer_bytes as u64 {
+            let stats = pool.stats();
+            return Err(Error::OutOfMemory {
+                requested: bytes,
+                in_use: stats.in_use,
+                limit: self.info.limits.max_buffer_bytes,
+            });
+        }
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        let done = self.completed.load(Ordering::Acquire);
+        let in_use = pool.stats().in_use;
+        let (block, class) = pool.alloc(
+            bytes,
+            |b| b.last_use <= done,
+            |class| {
+                let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+                let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("tessera"),
+                    size: class as u64,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                if pollster::block_on(scope.pop()).is_some() {
+                    return Err(Error::OutOfMemory {
+                        requested: bytes,
+                        in_use,
+                        limit: self.info.limits.max_buffer_bytes,
+                    });
+                }
+                Ok(Block {
+                    buffer,
+                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    last_use: 0,
+                })
+            },
+        )?;
+        drop(pool);
+        Ok(Arc::new(WgpuBuffer::new(
+            block,
+            bytes,
+            class,
+            self.pool.clone(),
+        )))
+    }
+
+    fn read_into(&self, buf: &WgpuBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        let start = (offset as u64) / 4 * 4;
+        let end = (offset + out.len()) as u64;
+        let end = end.div_ceil(4) * 4;
+        let size = end - start;
+        let mut st = self.state();
+        if st.staging.as_ref().is_none_or(|s| s.size() < size) {
+            st.staging = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tessera staging"),
+                size: size.next_power_of_two().max(256),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let staging = st
+            .staging
+            .clone()
+            .ok_or_else(|| backend_err("no staging buffer"))?;
+        let encoder = st.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("tessera batch"),
+                })
+        });
+        encoder.copy_buffer_to_buffer(&buf.buffer, start, &staging, 0, size);
+        buf.used_in(st.seq);
+        st.dirty = true;
+        self.flush(&mut st);
+        let (tx, rx) = mpsc::channel();
+        staging
+            .slice(0..size)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        self.wait_idle()?;
+        rx.recv()
+            .map_err(|_| backend_err("buffer mapping was dropped"))?
+            .map_err(|e| backend_err(format!("mapping the staging buffer: {e}")))?;
+        {
+            let view = staging
+                .slice(0..size)
+                .get_mapped_range()
+                .map_err(|e| backend_err(format!("reading the staging buffer: {e}")))?;
+            let skip = offset - start as usize;
+            out.copy_from_slice(&view[skip..skip + out.len()]);
+        }
+        staging.unmap();
+        Ok(())
+    }
+}
+
+/// One wgpu adapter opened as a device. Cheap to share: all state lives behind one `Arc`.
+pub struct WgpuDevice {
+    core: Arc<Core>,
+    kernels: Mutex<HashMap<KernelKey, Arc<dyn Kernel>>>,
+}
+
+impl fmt::Debug for WgpuDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuDevice")
+            .field("info", &self.core.info)
+            .field("memory", &self.memory())
+            .finish()
+    }
+}
+
+impl WgpuDevice {
+    /// Opens `adapter` with every limit it offers.
+    pub fn open(adapter: wgpu::Adapter, ordinal: usize) -> Result<Self> {
+        let ainfo = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("tessera"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| Error::Device {
+            name: format!("wgpu:{ordinal}"),
+            detail: e.to_string(),
+        })?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            lock(&sink).push(e.to_string())
+        }));
+        let info = DeviceInfo {
+            backend: "wgpu".into(),
+            ordinal,
+            name: format!("{} ({:?}, {})", ainfo.name, ainfo.device_type, ainfo.driver),
+            dtypes: vec![DType::F32, DType::I32, DType::U32, DType::Bool],
+            features: Features {
+                f16: false,
+                bf16: false,
+                subgroups: false,
+                cooperative_matrix: false,
+            },
+            limits: Limits {
+                max_buffer_bytes: usize::try_from(limits.max_buffer_size).unwrap_or(usize::MAX),
+                max_binding_bytes: usize::try_from(limits.max_storage_buffer_binding_size)
+                    .unwrap_or(usize::MAX),
+                max_workgroup_size: limits.max_compute_invocations_per_workgroup as usize,
+                max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension as usize,
+            },
+        };
+        if (limits.max_compute_invocations_per_workgroup as u64) < WG
+            || limits.max_storage_buffers_per_shader_stage < 8
+        {
+            return Err(Error::Device {
+                name: info.id(),
+                detail: "the adapter's compute limits are below WebGPU's defaults".into(),
+            });
+        }
+        let core = Core {
+            align: u64::from(limits.min_storage_buffer_offset_alignment.max(4)),
+            max_binding: limits.max_storage_buffer_binding_size,
+            max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
+            device,
+            queue,
+            info,
+            pool: Arc::new(Mutex::new(Pool::default())),
+            completed: Arc::new(AtomicU64::new(0)),
+            errors,
+            state: Mutex::new(State {
+                seq: 1,
+                encoder: None,
+                dispatches: 0,
+                params: None,
+                param_data: Vec::new(),
+                free_params: Vec::new(),
+                dirty: false,
+                bind_groups: HashMap::new(),
+                staging: None,
+            }),
+            pipelines: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            syncs: AtomicU64::new(0),
+        };
+        Ok(WgpuDevice {
+            core: Arc::new(core),
+            kernels: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+fn byte_range(op: &str, buffer: &Arc<dyn Buffer>, offset: usize, len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buffer.len() => Ok(()),
+        _ => Err(Error::invalid(
+            op,
+            format!(
+                "{len} bytes at offset {offset} do not fit a buffer of {} bytes",
+                buffer.len()
+            ),
+        )),
+    }
+}
+
+impl Device for WgpuDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.core.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.core.alloc(bytes)
+    }
+
+    fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
+        byte_range("write", buffer, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let buf = wgpu_buffer(buffer)?;
+        let start = offset / 4 * 4;
+        let end = (offset + data.len()).div_ceil(4) * 4;
+        let mut bytes = vec![0u8; end - start];
+        if start != offset || end != offset + data.len() {
+            // The words at the edges hold bytes outside the write: keep them.
+            let edge = (buf.capacity() as usize).min(end);
+            self.core
+                .read_into(buf, start, &mut bytes[..edge - start])?;
+        }
+        bytes[offset - start..offset - start + data.len()].copy_from_slice(data);
+        let core = &self.core;
+        let mut st = core.state();
+        // Host writes land before the next submission: submit the kernels queued so far first.
+        core.flush(&mut st);
+        core.queue.write_buffer(&buf.buffer, start as u64, &bytes);
+        buf.used_in(st.seq);
+        st.dirty = true;
+        Ok(())
+    }
+
+    fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.core.syncs.fetch_add(1, Ordering::Relaxed);
+        byte_range("read", buffer, offset, out.len())?;
+        if out.is_empty() {
+            return self.synchronize_inner();
+        }
+        self.core.read_into(wgpu_buffer(buffer)?, offset, out)
+    }
+
+    fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
+        let key = (op.clone(), input_dtypes.to_vec());
+        let mut cache = lock(&self.kernels);
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        if !supported(op, input_dtypes) {
+            return Err(Error::unsupported(
+                "wgpu",
+                format!("{} for {}", op.name(), dtypes_str(input_dtypes)),
+            ));
+        }
+        let kernel: Arc<dyn Kernel> = Arc::new(WgpuKernel {
+            op: op.clone(),
+            dtypes: input_dtypes.to_vec(),
+            core: Arc::downgrade(&self.core),
+        });
+        cache.insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.core.syncs.fetch_add(1, Ordering::Relaxed);
+        self.synchronize_inner()
+    }
+
+    fn memory(&self) -> MemoryStats {
+        lock(&self.core.pool).stats()
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        lock(&self.core.pool).set_limit(limit);
+    }
+
+    fn empty_cache(&self) {
+        let _ = self.core.device.poll(wgpu::PollType::Poll);
+        let done = self.core.completed.load(Ordering::Acquire);
+        // Cached bind groups keep their buffers alive: drop them with the blocks.
+        self.core.state().bind_groups.clear();
+        lock(&self.core.pool).trim(|b| b.last_use <= done);
+    }
+
+    fn reset_peak(&self) {
+        lock(&self.core.pool).reset_peak();
+    }
+
+    fn host_syncs(&self) -> u64 {
+        self.core.syncs.load(Ordering::Relaxed)
+    }
+}
+
+impl WgpuDevice {
+    fn synchronize_inner(&self) -> Result<()> {
+        let mut st = self.core.state();
+        self.core.flush(&mut st);
+        drop(st);
+        self.core.wait_idle()
+    }
+}
+
+/// The dtypes this backend computes: f32 data, i32/u32 indices, bool masks.
+fn supported(op: &Op, d: &[DType]) -> bool {
+    let storable = |t: DType| matches!(t, DType::F32 | DType::I32 | DType::U32 | DType::Bool);
+    let f32_at = |i: usize| d.get(i).is_none_or(|&t| t == DType::F32);
+    let index = |i: usize| d.get(i).is_none_or(|t| t.is_index());
+    let all_f32 = || d.iter().all(|&t| t == DType::F32);
+    match op {
+        Op::Fill { dtype } | Op::Arange { dtype } => storable(*dtype),
+        Op::RandUniform { dtype } | Op::RandNormal { dtype } => *dtype == DType::F32,
+        Op::Cast { to } => storable(*to) && d.iter().all(|&t| storable(t)),
+        Op::Copy | Op::Concat { .. } => d.iter().all(|&t| storable(t)),
+        Op::Compare(_) => d
+            .iter()
+            .all(|&t| matches!(t, DType::F32 | DType::I32 | DType::U32)),
+        Op::Where => d.first() == Some(&DType::Bool) && d[1..].iter().all(|&t| storable(t)),
+        Op::Embedding | Op::Gather { .. } => f32_at(0) && index(1),
+        Op::EmbeddingBackward | Op::ScatterAdd { .. } => index(0) && f32_at(1),
+        Op::CrossEntropy | Op::CrossEntropyBackward => {
+            f32_at(0) && index(1) && d[2..].iter().all(|&t| t == DType::F32)
+        }
+        Op::Conv2d { .. } | Op::Conv2dBackwardData { .. } | Op::Conv2dBackwardWeight { .. } => {
+            conv::SUPPORTED && all_f32()
+        }
+        _ => all_f32(),
+    }
+}
+
+/// A catalog op bound to the input dtypes it was requested for.
+struct WgpuKernel {
+    op: Op,
+    dtypes: Vec<DType>,
+    core: Weak<Core>,
+}
+
+impl fmt::Debug for WgpuKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WgpuKernel")
+            .field("op", &self.op)
+            .field("dtypes", &self.dtypes)
+            .finish()
+    }
+}
+
+impl Kernel for WgpuKernel {
+    fn op(&self) -> &Op {
+        &self.op
+    }
+
+    fn launch(
+        &self,
+        inputs: &[TensorRef<'_>],
+        outputs: &[TensorRef<'_>],
+        scalars: &[f64],
+    ) -> Result<()> {
+        validate_launch(&self.op, inputs, outputs, scalars)?;
+        let got: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+        if got != self.dtypes {
+            return Err(Error::dtype(
+                &self.op.name(),
+                format!(
+                    "kernel built for inputs {} launched with {}",
+                    dtypes_str(&self.dtypes),
+                    dtypes_str(&got)
+                ),
+            ));
+        }
+        let core = self
+            .core
+            .upgrade()
+            .ok_or_else(|| backend_err("the device of this kernel was dropped"))?;
+        let too_big = inputs
+            .iter()
+            .chain(outputs)
+            .any(|t| t.layout.extent() > u32::MAX as usize);
+        if too_big {
+            return Err(Error::unsupported(
+                "wgpu",
+                format!("{} on tensors past 2^32 elements", self.op.name()),
+            ));
+        }
+        let (op, i, o, s) = (&self.op, inputs, outputs, scalars);
+        use Op::*;
+        match op {
+            Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
+                random::launch(&core, op, o, s)
+            }
+            Cast { .. }
+            | Copy
+            | Unary(_)
+            | UnaryBackward(_)
+            | Binary(_)
+            | Compare(_)
+            | Where
+            | SwiGlu
+            | SwiGluBackward => elementwise::launch(&core, op, i, o, s),
+            Reduce { .. }
+            | ArgMax { .. }
+            | Softmax
+            | LogSoftmax
+            | SoftmaxBackward
+            | LogSoftmaxBackward => reduce::launch(&core, op, i, o),
+            Matmul { .. } => matmul::launch(&core, op, i, o),
+            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
+                movement::launch(&core, op, i, o)
+            }
+            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
+                norm::launch(&core, op, i, o, s)
+            }
+            Rotary | Attention { .. } | AttentionBackward { .. } => {
+                attention::launch(&core, op, i, o, s)
+            }
+            CrossEntropy | CrossEntropyBackward => loss::launch(&core, op, i, o),
+            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => optim::launch(&core, op, i, o, s),
+            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
+                conv::launch(&core, op, i, o)
+            }
+        }
+    }
+}

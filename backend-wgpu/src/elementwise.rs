@@ -1,0 +1,167 @@
+//! Elementwise ops: casts, copies, unary and binary math, comparisons, select, SwiGLU. One
+//! kernel shape for all: every operand read in place through its strides.
+
+use tessera_core::{BinaryOp, CompareOp, DType, Op, Result, TensorRef, UnaryOp};
+
+use crate::device::Core;
+use crate::shader::{groups_for, key, run, unsupported};
+
+const SRC: &str = include_str!("kernels/elementwise.wgsl");
+
+/// `op(x)` in WGSL, with scalars `s0()`, `s1()`.
+fn unary(u: UnaryOp) -> &'static str {
+    match u {
+        UnaryOp::Neg => "-x",
+        UnaryOp::Abs => "abs(x)",
+        UnaryOp::Exp => "exp(x)",
+        UnaryOp::Log => "select(select(log(x), -inf(), x == 0.0), nan(), x < 0.0)",
+        UnaryOp::Sqrt => "select(sqrt(x), nan(), x < 0.0)",
+        UnaryOp::Rsqrt => "select(1.0 / sqrt(x), nan(), x < 0.0)",
+        UnaryOp::Recip => "1.0 / x",
+        UnaryOp::Square => "x * x",
+        UnaryOp::Tanh => "tanh_s(x)",
+        UnaryOp::Sigmoid => "sigmoid(x)",
+        UnaryOp::Relu => "relu(x)",
+        UnaryOp::Gelu => "gelu(x)",
+        UnaryOp::Silu => "silu(x)",
+        UnaryOp::Sin => "sin(x)",
+        UnaryOp::Cos => "cos(x)",
+        UnaryOp::Affine => "x * s0() + s1()",
+        UnaryOp::PowScalar => "powf(x, s0())",
+    }
+}
+
+/// `op'(x)` in WGSL. A zero derivative is `zero_times(x)` so that NaN and infinite inputs give NaN, as `0 * x`.
+fn derivative(u: UnaryOp) -> &'static str {
+    match u {
+        UnaryOp::Neg => "-1.0",
+        UnaryOp::Abs => "select(select(zero_times(x), -1.0, x < 0.0), 1.0, x > 0.0)",
+        UnaryOp::Exp => "exp(x)",
+        UnaryOp::Log => "1.0 / x",
+        UnaryOp::Sqrt => "0.5 / sqrt(x)",
+        UnaryOp::Rsqrt => "-0.5 / (x * sqrt(x))",
+        UnaryOp::Recip => "-1.0 / (x * x)",
+        UnaryOp::Square => "2.0 * x",
+        UnaryOp::Tanh => "(1.0 - tanh_s(x) * tanh_s(x))",
+        UnaryOp::Sigmoid => "(sigmoid(x) * (1.0 - sigmoid(x)))",
+        UnaryOp::Relu => "select(zero_times(x), 1.0, x > 0.0)",
+        UnaryOp::Gelu => {
+            "(0.5 * (1.0 + tanh_s(GELU_K * (x + 0.044715 * x * x * x))) + 0.5 * x * (1.0 - tanh_s(GELU_K * (x + 0.044715 * x * x * x)) * tanh_s(GELU_K * (x + 0.044715 * x * x * x))) * GELU_K * (1.0 + 3.0 * 0.044715 * x * x))"
+        }
+        UnaryOp::Silu => "(sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x))))",
+        UnaryOp::Sin => "cos(x)",
+        UnaryOp::Cos => "-sin(x)",
+        UnaryOp::Affine => "s0()",
+        UnaryOp::PowScalar => "select(s0() * powf(x, s0() - 1.0), 0.0, s0() == 0.0)",
+    }
+}
+
+fn binary(b: BinaryOp) -> &'static str {
+    match b {
+        BinaryOp::Add => "a + b",
+        BinaryOp::Sub => "a - b",
+        BinaryOp::Mul => "a * b",
+        BinaryOp::Div => "a / b",
+        BinaryOp::Maximum => "max_nan(a, b)",
+        BinaryOp::Minimum => "min_nan(a, b)",
+        BinaryOp::Pow => "powf(a, b)",
+    }
+}
+
+fn compare(c: CompareOp) -> &'static str {
+    match c {
+        CompareOp::Eq => "a == b",
+        CompareOp::Ne => "!(a == b)",
+        CompareOp::Lt => "a < b",
+        CompareOp::Le => "a <= b",
+        CompareOp::Gt => "a > b",
+        CompareOp::Ge => "a >= b",
+    }
+}
+
+/// The WGSL conversion of a native value `v` of `from` into the native type of `to`, as
+/// `Cast` defines it.
+fn cast(from: DType, to: DType) -> String {
+    use DType::*;
+    let s = match (from, to) {
+        (a, b) if a == b => "v",
+        (F32, I32) => "f2i(v)",
+        (F32, U32) => "f2u(v)",
+        (F32, Bool) => "select(1u, 0u, v == 0.0)",
+        (I32, F32) | (U32, F32) => "f32(v)",
+        (I32, U32) => "select(u32(v), 0u, v < 0)",
+        (U32, I32) => "select(i32(v), 2147483647, v > 2147483647u)",
+        (I32, Bool) => "select(0u, 1u, v != 0)",
+        (U32, Bool) => "select(0u, 1u, v != 0u)",
+        (Bool, F32) => "select(0.0, 1.0, v != 0u)",
+        (Bool, I32) => "select(0, 1, v != 0u)",
+        (Bool, U32) => "select(0u, 1u, v != 0u)",
+        _ => "v",
+    };
+    s.to_string()
+}
+
+pub(crate) fn launch(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let ni = inputs.len();
+    let o = |k: usize| format!("off(i, {k}u)");
+    let out = ni + 1;
+    let body = match op {
+        Op::Cast { to } => format!("let v = ldn1({}); stn{out}({}, {});", o(0), o(1), cast(inputs[0].dtype, *to)),
+        Op::Copy => format!("stn2({}, ldn1({}));", o(1), o(0)),
+        Op::Unary(u) => format!("let x = ld1({}); st2({}, {});", o(0), o(1), unary(*u)),
+        Op::UnaryBackward(u) => {
+            format!("let x = ld1({}); let dy = ld2({}); st3({}, dy * {});", o(0), o(1), o(2), derivative(*u))
+        }
+        Op::Binary(b) => format!("let a = ld1({}); let b = ld2({}); st3({}, {});", o(0), o(1), o(2), binary(*b)),
+        Op::Compare(c) => {
+            format!("let a = ldn1({}); let b = ldn2({}); stn3({}, select(0u, 1u, {}));", o(0), o(1), o(2), compare(*c))
+        }
+        Op::Where => format!(
+            "let c = ldn1({}); let a = ldn2({}); let b = ldn3({}); stn4({}, select(b, a, c != 0u));",
+            o(0),
+            o(1),
+            o(2),
+            o(3)
+        ),
+        Op::SwiGlu => format!("let g = ld1({}); let u = ld2({}); st3({}, silu(g) * u);", o(0), o(1), o(2)),
+        Op::SwiGluBackward => format!(
+            "let g = ld1({}); let u = ld2({}); let dy = ld3({}); let sg = sigmoid(g); \
+             st4({}, dy * u * sg * (1.0 + g * (1.0 - sg))); st5({}, dy * silu(g));",
+            o(0),
+            o(1),
+            o(2),
+            o(3),
+            o(4)
+        ),
+        _ => return Err(unsupported(op)),
+    };
+    let shape = &outputs[0].layout.shape;
+    let n = outputs[0].layout.numel();
+    let tensors: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
+    run(
+        core,
+        &key(op, inputs, outputs, "map"),
+        SRC,
+        "map",
+        &[("BODY", body)],
+        inputs,
+        outputs,
+        groups_for(n),
+        |offs, p| {
+            p.u(n).u(shape.len());
+            for k in 0..4 {
+                p.f(s.get(k).copied().unwrap_or(0.0));
+            }
+            p.all(shape);
+            for (t, off) in tensors.iter().zip(offs) {
+                p.u(*off).all(&t.layout.strides);
+            }
+        },
+    )
+}

@@ -1,0 +1,115 @@
+// Helpers every kernel gets. `p` is the launch's parameter block (u32 words, f32 scalars as
+// their bits), bound at a dynamic offset of the submission's parameter buffer.
+@group(0) @binding(0) var<storage, read> p: array<u32>;
+
+const WG: u32 = 256u;
+
+fn pf(i: u32) -> f32 { return bitcast<f32>(p[i]); }
+fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+fn inf() -> f32 { return bitcast<f32>(0x7f800000u); }
+// NaN test on the bits, immune to compilers that assume finite math.
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// The flat index of a workgroup in a 2-D grid, and the number of workgroups.
+fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.x + wid.y * nwg.x; }
+fn group_count(nwg: vec3<u32>) -> u32 { return nwg.x * nwg.y; }
+
+// Offset of row-major element `i` of a tensor of `rank` dims, shape at p[sh..], strides at p[st..].
+fn strided(i: u32, rank: u32, sh: u32, st: u32) -> u32 {
+    var rem = i;
+    var off = 0u;
+    for (var d = rank; d > 0u; d--) {
+        let s = p[sh + d - 1u];
+        off += (rem % s) * p[st + d - 1u];
+        rem /= s;
+    }
+    return off;
+}
+
+// Float to integer as `Cast` defines it: truncate toward zero, saturate, NaN to 0.
+fn f2i(v: f32) -> i32 {
+    if (is_nan(v)) { return 0; }
+    if (v >= 2147483648.0) { return 2147483647; }
+    if (v <= -2147483648.0) { return -2147483647 - 1; }
+    return i32(v);
+}
+fn f2u(v: f32) -> u32 {
+    if (is_nan(v) || v <= 0.0) { return 0u; }
+    if (v >= 4294967296.0) { return 4294967295u; }
+    return u32(v);
+}
+
+// `0 * x` without the compiler folding it to 0: NaN for NaN and infinite `x`.
+fn zero_times(x: f32) -> f32 { if (is_nan(x) || abs(x) == inf()) { return nan(); } return 0.0; }
+
+fn max_nan(a: f32, b: f32) -> f32 { if (is_nan(a) || is_nan(b)) { return nan(); } return max(a, b); }
+fn min_nan(a: f32, b: f32) -> f32 { if (is_nan(a) || is_nan(b)) { return nan(); } return min(a, b); }
+
+// tanh from one exponential of a non-positive argument: no overflow for large |x|.
+fn tanh_s(x: f32) -> f32 {
+    if (is_nan(x)) { return x; }
+    let ax = abs(x);
+    if (ax < 0.0004) { return x; }
+    let e = exp(-2.0 * ax);
+    let t = (1.0 - e) / (1.0 + e);
+    return select(t, -t, x < 0.0);
+}
+fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
+fn silu(x: f32) -> f32 { return x / (1.0 + exp(-x)); }
+const GELU_K: f32 = 0.7978845608028654;
+fn gelu(x: f32) -> f32 { return 0.5 * x * (1.0 + tanh_s(GELU_K * (x + 0.044715 * x * x * x))); }
+fn relu(x: f32) -> f32 { if (x > 0.0 || is_nan(x)) { return x; } return 0.0; }
+
+// powf as Rust defines it, including negative bases with integral exponents.
+fn powf(x: f32, y: f32) -> f32 {
+    if (y == 0.0 || x == 1.0) { return 1.0; }
+    if (is_nan(x) || is_nan(y)) { return nan(); }
+    let ax = abs(x);
+    var r: f32;
+    if (ax == 0.0) {
+        r = select(0.0, inf(), y < 0.0);
+    } else if (ax == inf()) {
+        r = select(inf(), 0.0, y < 0.0);
+    } else if (y == 1.0) {
+        r = ax;
+    } else if (y == 2.0) {
+        r = ax * ax;
+    } else {
+        r = exp2(y * log2(ax));
+    }
+    if (x < 0.0 || (x == 0.0 && bitcast<u32>(x) != 0u)) {
+        if (floor(y) != y) {
+            if (x == 0.0 || ax == inf()) { return r; }
+            return nan();
+        }
+        let odd = abs(y) < 16777216.0 && (u32(abs(y)) & 1u) == 1u;
+        if (odd) { return -r; }
+    }
+    return r;
+}
+
+// Workgroup tree reductions: every thread passes its value and gets the result. Call from
+// uniform control flow only. The order is fixed, so results are deterministic.
+var<workgroup> red: array<f32, 256>;
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+fn wg_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red[lid] = max_nan(red[lid], red[lid + s]); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}

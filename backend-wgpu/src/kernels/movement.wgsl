@@ -1,0 +1,113 @@
+// Embedding, gather and deterministic scatter-adds over row-major tensors, a thread per
+// output element. Parameters: p[0] output elements, p[1..4] op values, binding offsets from
+// p[4], then shapes.
+
+fn o(k: u32) -> u32 { return p[3u + k]; }
+
+// @kernel embedding
+// Bindings: 1 weight [V, D], 2 ids, 3 out. p[1] D, p[2] V.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let d = p[1];
+    let step = group_count(nwg) * WG;
+    for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
+        let id = ldi2(o(2u) + e / d);
+        var v = 0.0;
+        if (id >= 0 && u32(id) < p[2]) { v = ld1(o(1u) + u32(id) * d + e % d); }
+        st3(o(3u) + e, v);
+    }
+}
+
+// @kernel embedding_backward
+// Bindings: 1 ids [P], 2 dy [P, D], 3 dweight [V, D] (zeroed first). A thread per (position,
+// column): the first position of each id sums the rows of all its positions in order.
+// p[0] P * D, p[1] D, p[2] V.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let d = p[1];
+    let positions = n / d;
+    let step = group_count(nwg) * WG;
+    for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
+        let i = e / d;
+        let c = e % d;
+        let id = ldi1(o(1u) + i);
+        if (id < 0 || u32(id) >= p[2]) { continue; }
+        var first = true;
+        for (var j = 0u; j < i; j++) {
+            if (ldi1(o(1u) + j) == id) { first = false; break; }
+        }
+        if (!first) { continue; }
+        var s = 0.0;
+        for (var j = i; j < positions; j++) {
+            if (ldi1(o(1u) + j) == id) { s += ld2(o(2u) + j * d + c); }
+        }
+        st3(o(3u) + u32(id) * d + c, s);
+    }
+}
+
+// @kernel gather
+// Bindings: 1 x, 2 index, 3 out. p[1] rank R, p[2] axis, p[3] x's size along the axis;
+// from p[7]: index shape (R), x strides (R).
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let r = p[1];
+    let axis = p[2];
+    let step = group_count(nwg) * WG;
+    for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
+        let id = ldi2(o(2u) + e);
+        var v = 0.0;
+        if (id >= 0 && u32(id) < p[3]) {
+            var rem = e;
+            var off = 0u;
+            for (var k = r; k > 0u; k--) {
+                let dim = k - 1u;
+                let c = rem % p[7u + dim];
+                rem /= p[7u + dim];
+                off += select(c, u32(id), dim == axis) * p[7u + r + dim];
+            }
+            v = ld1(o(1u) + off);
+        }
+        st3(o(3u) + e, v);
+    }
+}
+
+// @kernel scatter_add
+// Bindings: 1 index, 2 src, 3 out. p[1] rank R, p[2] axis; from p[7]: out shape (R), index
+// shape (R), index strides (R). Each output sums the matching sources in source order.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let r = p[1];
+    let axis = p[2];
+    let step = group_count(nwg) * WG;
+    for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
+        var rem = e;
+        var base = 0u;
+        var inside = true;
+        var tgt = 0u;
+        for (var k = r; k > 0u; k--) {
+            let dim = k - 1u;
+            let c = rem % p[7u + dim];
+            rem /= p[7u + dim];
+            if (dim == axis) {
+                tgt = c;
+            } else {
+                if (c >= p[7u + r + dim]) { inside = false; }
+                base += c * p[7u + 2u * r + dim];
+            }
+        }
+        var s = 0.0;
+        if (inside) {
+            let len = p[7u + r + axis];
+            let st = p[7u + 2u * r + axis];
+            for (var j = 0u; j < len; j++) {
+                let id = ldi1(o(1u) + base + j * st);
+                if (id >= 0 && u32(id) == tgt) { s += ld2(o(2u) + base + j * st); }
+            }
+        }
+        st3(o(3u) + e, s);
+    }
+}

@@ -1,0 +1,142 @@
+// Layer norm and RMS norm over rows, forward and backward; a workgroup per row, tree sums.
+// The weight gradients are summed over rows by a workgroup per column, in a fixed order.
+// Parameters: p[0] rows, p[1] row length N, p[2] eps, then the element offsets of every
+// binding in order from p[3].
+
+fn o(k: u32) -> u32 { return p[2u + k]; }
+
+// @kernel layer_norm
+// Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    let eps = pf(2u);
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = o(1u) + row * n;
+        var s = 0.0;
+        for (var j = lid; j < n; j += WG) { s += ld1(x0 + j); }
+        let mean = wg_sum(s, lid) / f32(n);
+        var q = 0.0;
+        for (var j = lid; j < n; j += WG) { let d = ld1(x0 + j) - mean; q += d * d; }
+        let rstd = 1.0 / sqrt(wg_sum(q, lid) / f32(n) + eps);
+        for (var j = lid; j < n; j += WG) {
+            st4(o(4u) + row * n + j, (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j));
+        }
+        if (lid == 0u) {
+            st5(o(5u) + row, mean);
+            st6(o(6u) + row, rstd);
+        }
+    }
+}
+
+// @kernel rms_norm
+// Bindings: 1 x, 2 weight, 3 y, 4 rstd.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    let eps = pf(2u);
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = o(1u) + row * n;
+        var q = 0.0;
+        for (var j = lid; j < n; j += WG) { let x = ld1(x0 + j); q += x * x; }
+        let rstd = 1.0 / sqrt(wg_sum(q, lid) / f32(n) + eps);
+        for (var j = lid; j < n; j += WG) {
+            st3(o(3u) + row * n + j, ld1(x0 + j) * rstd * ld2(o(2u) + j));
+        }
+        if (lid == 0u) {
+            st4(o(4u) + row, rstd);
+        }
+    }
+}
+
+// @kernel layer_norm_dx
+// Bindings: 1 x, 2 weight, 3 mean, 4 rstd, 5 dy, 6 dx, 7 dweight, 8 dbias.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = o(1u) + row * n;
+        let d0 = o(5u) + row * n;
+        let mean = ld3(o(3u) + row);
+        let rstd = ld4(o(4u) + row);
+        var sg = 0.0;
+        var sgx = 0.0;
+        for (var j = lid; j < n; j += WG) {
+            let g = ld5(d0 + j) * ld2(o(2u) + j);
+            sg += g;
+            sgx += g * (ld1(x0 + j) - mean) * rstd;
+        }
+        let mg = wg_sum(sg, lid) / f32(n);
+        let mgx = wg_sum(sgx, lid) / f32(n);
+        for (var j = lid; j < n; j += WG) {
+            let g = ld5(d0 + j) * ld2(o(2u) + j);
+            let xh = (ld1(x0 + j) - mean) * rstd;
+            st6(o(6u) + row * n + j, rstd * (g - mg - xh * mgx));
+        }
+    }
+}
+
+// @kernel layer_norm_dw
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    for (var c = group_index(wid, nwg); c < n; c += group_count(nwg)) {
+        var sw = 0.0;
+        var sb = 0.0;
+        for (var r = lid; r < rows; r += WG) {
+            let dy = ld5(o(5u) + r * n + c);
+            sw += dy * (ld1(o(1u) + r * n + c) - ld3(o(3u) + r)) * ld4(o(4u) + r);
+            sb += dy;
+        }
+        let tw = wg_sum(sw, lid);
+        let tb = wg_sum(sb, lid);
+        if (lid == 0u) {
+            st7(o(7u) + c, tw);
+            st8(o(8u) + c, tb);
+        }
+    }
+}
+
+// @kernel rms_norm_dx
+// Bindings: 1 x, 2 weight, 3 rstd, 4 dy, 5 dx, 6 dweight.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = o(1u) + row * n;
+        let d0 = o(4u) + row * n;
+        let rstd = ld3(o(3u) + row);
+        var sgx = 0.0;
+        for (var j = lid; j < n; j += WG) {
+            sgx += ld4(d0 + j) * ld2(o(2u) + j) * ld1(x0 + j) * rstd;
+        }
+        let mgx = wg_sum(sgx, lid) / f32(n);
+        for (var j = lid; j < n; j += WG) {
+            let g = ld4(d0 + j) * ld2(o(2u) + j);
+            let xh = ld1(x0 + j) * rstd;
+            st5(o(5u) + row * n + j, rstd * (g - xh * mgx));
+        }
+    }
+}
+
+// @kernel rms_norm_dw
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    for (var c = group_index(wid, nwg); c < n; c += group_count(nwg)) {
+        var sw = 0.0;
+        for (var r = lid; r < rows; r += WG) {
+            sw += ld4(o(4u) + r * n + c) * ld1(o(1u) + r * n + c) * ld3(o(3u) + r);
+        }
+        let tw = wg_sum(sw, lid);
+        if (lid == 0u) {
+            st6(o(6u) + c, tw);
+        }
+    }
+}

@@ -1,0 +1,101 @@
+// Creation and random ops over a row-major output, one thread per element.
+// Parameters: p[0] element count, p[1] output offset, p[2..] the op's values.
+
+// High and low words of a 32x32-bit product.
+fn mulhilo(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu;
+    let ah = a >> 16u;
+    let bl = b & 0xffffu;
+    let bh = b >> 16u;
+    let ll = al * bl;
+    let lh = al * bh;
+    let hl = ah * bl;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    let hi = ah * bh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
+    return vec2<u32>(hi, a * b);
+}
+
+// Philox4x32-10, as core's `rng::philox4x32`.
+fn philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = counter;
+    var k = key;
+    for (var round = 0u; round < 10u; round++) {
+        if (round > 0u) {
+            k = k + vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+        }
+        let p0 = mulhilo(0xD2511F53u, c.x);
+        let p1 = mulhilo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+    }
+    return c;
+}
+
+// @kernel fill
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let step = group_count(nwg) * WG;
+    for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
+        stn1(p[1] + i, bitcast<NATIVE>(p[2]));
+    }
+}
+
+// @kernel arange_float
+// start and step arrive as (hi, lo) f32 pairs; the product and sum are carried in two floats
+// (exact products by fma), so the result is the f64 value rounded once to f32, or truncated
+// exactly for integer outputs.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let step = group_count(nwg) * WG;
+    let a_hi = pf(2u);
+    let a_lo = pf(3u);
+    let d_hi = pf(4u);
+    let d_lo = pf(5u);
+    for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
+        let ih = f32(i & 0xfffff000u);
+        let il = f32(i & 0xfffu);
+        let ph = ih * d_hi;
+        let pe = fma(ih, d_hi, -ph);
+        let qh = il * d_hi;
+        let qe = fma(il, d_hi, -qh);
+        let s1 = ph + qh;
+        let bb = s1 - ph;
+        let e1 = (ph - (s1 - bb)) + (qh - bb);
+        let s = a_hi + s1;
+        let cc = s - a_hi;
+        let e2 = (a_hi - (s - cc)) + (s1 - cc);
+        let lo = e1 + e2 + pe + qe + a_lo + (ih + il) * d_lo;
+        STORE
+    }
+}
+
+// @kernel uniform
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let step = group_count(nwg) * WG;
+    let key = vec2<u32>(p[2], p[3]);
+    let lo = pf(6u);
+    let hi = pf(7u);
+    for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
+        let w = philox(vec4<u32>(i, 0u, p[4], p[5]), key);
+        st1(p[1] + i, lo + (hi - lo) * (f32(w.x >> 8u) * 5.9604644775390625e-8));
+    }
+}
+
+// @kernel normal
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    let step = group_count(nwg) * WG;
+    let key = vec2<u32>(p[2], p[3]);
+    let mean = pf(6u);
+    let sd = pf(7u);
+    for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
+        let w = philox(vec4<u32>(i, 0u, p[4], p[5]), key);
+        let u1 = f32((w.x >> 8u) + 1u) * 5.9604644775390625e-8;
+        let u2 = f32(w.y >> 8u) * 5.9604644775390625e-8;
+        st1(p[1] + i, mean + sd * sqrt(-2.0 * log(u1)) * cos(6.2831854820251465 * u2));
+    }
+}

@@ -1,0 +1,148 @@
+// Reductions over any axes, argmax, and softmax over rows.
+// Reduce parameters: p[0] outputs, p[1] reduced count, p[2] kept rank K, p[3] reduced rank R,
+// p[4] input offset, p[5] output offset, then kept shape, kept strides, reduced shape,
+// reduced strides (input strides).
+
+fn in_at(o: u32, r: u32) -> u32 {
+    let k = p[2];
+    let rr = p[3];
+    return p[4] + strided(o, k, 6u, 6u + k) + strided(r, rr, 6u + 2u * k, 6u + 2u * k + rr);
+}
+
+var<workgroup> idx: array<u32, 256>;
+
+// Whether (v2, i2) beats (v1, i1) for argmax: larger, NaN largest, first index on ties.
+fn better(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
+    let n1 = is_nan(v1);
+    let n2 = is_nan(v2);
+    if (n1 && n2) { return i2 < i1; }
+    if (n2) { return true; }
+    if (n1) { return false; }
+    if (v2 > v1) { return true; }
+    return v2 == v1 && i2 < i1;
+}
+
+// @kernel reduce_group
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nout = p[0];
+    let nred = p[1];
+    for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
+        var acc = INIT;
+        for (var r = lid; r < nred; r += WG) {
+            let a = acc;
+            let b = ld1(in_at(o, r));
+            acc = COMBINE;
+        }
+        red[lid] = acc;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid < s) {
+                let a = red[lid];
+                let b = red[lid + s];
+                red[lid] = COMBINE;
+            }
+            workgroupBarrier();
+        }
+        if (lid == 0u) {
+            let v = red[0];
+            st2(p[5] + o, FINISH);
+        }
+        workgroupBarrier();
+    }
+}
+
+// @kernel reduce_thread
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nout = p[0];
+    let nred = p[1];
+    let step = group_count(nwg) * WG;
+    for (var o = group_index(wid, nwg) * WG + lid; o < nout; o += step) {
+        var acc = INIT;
+        for (var r = 0u; r < nred; r++) {
+            let a = acc;
+            let b = ld1(in_at(o, r));
+            acc = COMBINE;
+        }
+        let v = acc;
+        st2(p[5] + o, FINISH);
+    }
+}
+
+// @kernel argmax
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nout = p[0];
+    let nred = p[1];
+    for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
+        var bv = ld1(in_at(o, 0u));
+        var bi = 0u;
+        for (var r = lid; r < nred; r += WG) {
+            let v = ld1(in_at(o, r));
+            if (better(bv, bi, v, r)) { bv = v; bi = r; }
+        }
+        red[lid] = bv;
+        idx[lid] = bi;
+        workgroupBarrier();
+        for (var s = WG / 2u; s > 0u; s >>= 1u) {
+            if (lid < s && better(red[lid], idx[lid], red[lid + s], idx[lid + s])) {
+                red[lid] = red[lid + s];
+                idx[lid] = idx[lid + s];
+            }
+            workgroupBarrier();
+        }
+        if (lid == 0u) {
+            stn2(p[5] + o, i32(idx[0]));
+        }
+        workgroupBarrier();
+    }
+}
+
+// Row kernels: p[0] rows, p[1] row length, p[2] x (or y) offset, p[3] dy offset, p[4] out offset.
+
+// @kernel softmax
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = p[2] + row * n;
+        let y0 = p[4] + row * n;
+        var m = -inf();
+        for (var j = lid; j < n; j += WG) { m = max_nan(m, ld1(x0 + j)); }
+        m = wg_max(m, lid);
+        var s = 0.0;
+        for (var j = lid; j < n; j += WG) { s += exp(ld1(x0 + j) - m); }
+        s = wg_sum(s, lid);
+        let ls = log(s);
+        for (var j = lid; j < n; j += WG) {
+            let x = ld1(x0 + j);
+            st2(y0 + j, SOFTMAX_OUT);
+        }
+    }
+}
+
+// @kernel softmax_backward
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0];
+    let n = p[1];
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let y0 = p[2] + row * n;
+        let d0 = p[3] + row * n;
+        let o0 = p[4] + row * n;
+        var s = 0.0;
+        for (var j = lid; j < n; j += WG) {
+            let y = ld1(y0 + j);
+            let dy = ld2(d0 + j);
+            s += DOT_TERM;
+        }
+        s = wg_sum(s, lid);
+        for (var j = lid; j < n; j += WG) {
+            let y = ld1(y0 + j);
+            let dy = ld2(d0 + j);
+            st3(o0 + j, GRAD);
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Fused cross-entropy, forward (a workgroup per row) and backward (a thread per logit).
+
+use tessera_core::{Op, Result, TensorRef};
+
+use crate::device::Core;
+use crate::shader::{groups_for, key, run, unsupported};
+
+const SRC: &str = include_str!("kernels/loss.wgsl");
+
+pub(crate) fn launch(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    let (rows, vocab) = (inputs[0].layout.shape[0], inputs[0].layout.shape[1]);
+    let (section, groups) = match op {
+        Op::CrossEntropy => ("cross_entropy", rows as u64),
+        Op::CrossEntropyBackward => ("cross_entropy_backward", groups_for(rows * vocab)),
+        _ => return Err(unsupported(op)),
+    };
+    run(
+        core,
+        &key(op, inputs, outputs, section),
+        SRC,
+        section,
+        &[],
+        inputs,
+        outputs,
+        groups,
+        |o, p| {
+            p.u(rows).u(vocab).all(o);
+        },
+    )
+}

@@ -1,0 +1,52 @@
+//! Layer norm and RMS norm, forward and backward: a workgroup per row for the row statistics
+//! and `dx`, then a workgroup per column for the weight gradients (no atomics).
+
+use tessera_core::{Op, Result, TensorRef};
+
+use crate::device::Core;
+use crate::shader::{key, run, unsupported};
+
+const SRC: &str = include_str!("kernels/norm.wgsl");
+
+pub(crate) fn launch(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let x = &inputs[0];
+    let n = *x.layout.shape.last().unwrap_or(&1);
+    let rows = x.layout.numel() / n.max(1);
+    let eps = s.first().copied().unwrap_or(0.0);
+    let params = |o: &[usize], p: &mut crate::shader::Params| {
+        p.u(rows).u(n).f(eps).all(o);
+    };
+    let k = |variant: &str| key(op, inputs, outputs, variant);
+    let go = |section: &str, groups: usize| {
+        run(
+            core,
+            &k(section),
+            SRC,
+            section,
+            &[],
+            inputs,
+            outputs,
+            groups as u64,
+            params,
+        )
+    };
+    match op {
+        Op::LayerNorm => go("layer_norm", rows),
+        Op::RmsNorm => go("rms_norm", rows),
+        Op::LayerNormBackward => {
+            go("layer_norm_dx", rows)?;
+            go("layer_norm_dw", n)
+        }
+        Op::RmsNormBackward => {
+            go("rms_norm_dx", rows)?;
+            go("rms_norm_dw", n)
+        }
+        _ => Err(unsupported(op)),
+    }
+}

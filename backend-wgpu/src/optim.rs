@@ -1,0 +1,167 @@
+//! Optimizer updates in place, and the global squared norm by per-chunk partial sums summed
+//! by one workgroup (fixed order, no atomics).
+
+use tessera_core::{DType, Layout, Op, Result, TensorRef};
+
+use crate::device::Core;
+use crate::shader::{groups_for, key, run, unsupported};
+
+const SRC: &str = include_str!("kernels/optim.wgsl");
+
+/// Elements each workgroup of the squared norm sums.
+const CHUNK: usize = 4096;
+
+pub(crate) fn launch(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let k = |variant: &str| key(op, inputs, outputs, variant);
+    match op {
+        Op::AdamUpdate {
+            decoupled_weight_decay,
+        } => {
+            let n = inputs[0].layout.numel();
+            let decay = if *decoupled_weight_decay {
+                "w *= pf(7u);"
+            } else {
+                "g += pf(5u) * w;"
+            };
+            let (lr, b1, b2, eps, wd, bc1, bc2) = (s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
+            run(
+                core,
+                &k("adam"),
+                SRC,
+                "adam",
+                &[("DECAY", decay.into())],
+                inputs,
+                outputs,
+                groups_for(n),
+                |o, p| {
+                    p.u(n)
+                        .f(lr / bc1)
+                        .f(b1)
+                        .f(b2)
+                        .f(eps)
+                        .f(wd)
+                        .f(bc2.sqrt())
+                        .f(1.0 - lr * wd)
+                        .all(o);
+                },
+            )
+        }
+        Op::SgdUpdate { momentum, nesterov } => {
+            let n = inputs[0].layout.numel();
+            let (scale, pout, mom) = if *momentum {
+                let next = if *nesterov {
+                    "d = d + pf(2u) * b;"
+                } else {
+                    "d = b;"
+                };
+                (
+                    4,
+                    5,
+                    format!(
+                        "let b = pf(2u) * ld3(o(3u) + i) + pf(3u) * d; st6(o(6u) + i, b); {next}"
+                    ),
+                )
+            } else {
+                (3, 4, String::new())
+            };
+            let subst = [
+                ("SCALE", scale.to_string()),
+                ("POUT", pout.to_string()),
+                ("MOMENTUM", mom),
+            ];
+            run(
+                core,
+                &k("sgd"),
+                SRC,
+                "sgd",
+                &subst,
+                inputs,
+                outputs,
+                groups_for(n),
+                |o, p| {
+                    p.u(n)
+                        .f(s[0])
+                        .f(s[1])
+                        .f(s[2])
+                        .f(s[3])
+                        .f(0.0)
+                        .f(0.0)
+                        .f(0.0)
+                        .all(o);
+                },
+            )
+        }
+        Op::SquaredNorm => {
+            let chunks: Vec<usize> = inputs
+                .iter()
+                .map(|t| t.layout.numel().div_ceil(CHUNK))
+                .collect();
+            let total: usize = chunks.iter().sum();
+            let scratch = core.scratch(total * 4)?;
+            let layout = Layout::contiguous(&[total]);
+            let partial = TensorRef {
+                buffer: &scratch,
+                layout: &layout,
+                dtype: DType::F32,
+            };
+            let mut first = 0;
+            for (t, &c) in inputs.iter().zip(&chunks) {
+                let n = t.layout.numel();
+                let ins = std::slice::from_ref(t);
+                let outs = std::slice::from_ref(&partial);
+                run(
+                    core,
+                    &key(op, ins, outs, "squares"),
+                    SRC,
+                    "squares",
+                    &[],
+                    ins,
+                    outs,
+                    c as u64,
+                    |o, p| {
+                        p.u(n)
+                            .u(CHUNK)
+                            .u(first)
+                            .f(0.0)
+                            .f(0.0)
+                            .f(0.0)
+                            .f(0.0)
+                            .f(0.0)
+                            .all(o);
+                    },
+                )?;
+                first += c;
+            }
+            let ins = std::slice::from_ref(&partial);
+            run(
+                core,
+                &key(op, ins, outputs, "sum_partials"),
+                SRC,
+                "sum_partials",
+                &[],
+                ins,
+                outputs,
+                1,
+                |o, p| {
+                    p.u(total)
+                        .f(0.0)
+                        .f(0.0)
+                        .f(0.0)
+                        .f(0.0)
+                        .f(0.0)
+                        .f(0.0)
+                        .f(0.0)
+                        .all(o);
+                },
+            )?;
+            Ok(())
+        }
+        _ => Err(unsupported(op)),
+    }
+}

@@ -1,0 +1,222 @@
+//! WGSL assembly and launch parameters.
+//!
+//! A kernel's source is `common.wgsl`, then generated declarations for each data binding, then
+//! the shared part of its family file and one of the file's `// @kernel NAME` sections, with
+//! placeholders (upper-case words such as `BODY`) replaced. Binding `K` (from 1; binding 0 is
+//! the parameter block `p`) gets `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast`
+//! does), `ldnK`/`stnK` in its native type (`f32`, `i32`, `u32`; bool as a `u32` 0 or 1), and
+//! for index dtypes `ldiK(e) -> i32` (a u32 past `i32::MAX` reads as -1, i.e. out of range).
+
+use tessera_core::{DType, Error, Result, TensorRef};
+
+use crate::device::{Bind, Core};
+
+const COMMON: &str = include_str!("kernels/common.wgsl");
+
+/// The declarations and accessors of data binding `k`.
+fn binding(k: usize, dtype: DType, output: bool) -> String {
+    let (arr, native, ld, st, ldi) = match dtype {
+        DType::F32 => ("f32", "f32", "b{k}[e]", "b{k}[e] = v;", None),
+        DType::I32 => (
+            "i32",
+            "i32",
+            "f32(b{k}[e])",
+            "b{k}[e] = f2i(v);",
+            Some("b{k}[e]"),
+        ),
+        DType::U32 => (
+            "u32",
+            "u32",
+            "f32(b{k}[e])",
+            "b{k}[e] = f2u(v);",
+            Some("select(i32(b{k}[e]), -1, b{k}[e] > 0x7fffffffu)"),
+        ),
+        _ => ("", "u32", "", "", None),
+    };
+    let mut s = String::new();
+    if dtype == DType::Bool {
+        if output {
+            s += "@group(0) @binding(K) var<storage, read_write> bK: array<atomic<u32>>;\n";
+            s += "fn ldnK(e: u32) -> u32 { return (atomicLoad(&bK[e >> 2u]) >> ((e & 3u) * 8u)) & 0xffu; }\n";
+            s += "fn stnK(e: u32, v: u32) { let sh = (e & 3u) * 8u; atomicAnd(&bK[e >> 2u], ~(0xffu << sh)); atomicOr(&bK[e >> 2u], (v & 0xffu) << sh); }\n";
+        } else {
+            s += "@group(0) @binding(K) var<storage, read_write> bK: array<u32>;\n";
+            s += "fn ldnK(e: u32) -> u32 { return (bK[e >> 2u] >> ((e & 3u) * 8u)) & 0xffu; }\n";
+            s += "fn stnK(e: u32, v: u32) { bK[e >> 2u] = v; }\n";
+        }
+        s += "fn ldK(e: u32) -> f32 { return select(0.0, 1.0, ldnK(e) != 0u); }\n";
+        s += "fn stK(e: u32, v: f32) { stnK(e, select(1u, 0u, v == 0.0)); }\n";
+    } else {
+        s += &format!("@group(0) @binding(K) var<storage, read_write> bK: array<{arr}>;\n");
+        s += &format!("fn ldK(e: u32) -> f32 {{ return {ld}; }}\n");
+        s += &format!("fn stK(e: u32, v: f32) {{ {st} }}\n");
+        s += &format!("fn ldnK(e: u32) -> {native} {{ return bK[e]; }}\n");
+        s += &format!("fn stnK(e: u32, v: {native}) {{ bK[e] = v; }}\n");
+        if let Some(ldi) = ldi {
+            s += &format!("fn ldiK(e: u32) -> i32 {{ return {ldi}; }}\n");
+        }
+    }
+    s.replace("{k}", &k.to_string())
+        .replace('K', &k.to_string())
+}
+
+/// The WGSL type a dtype loads as natively.
+pub(crate) fn native(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::I32 => "i32",
+        _ => "u32",
+    }
+}
+
+/// Assembles a kernel: common helpers, bindings, the family's shared part and `section`.
+pub(crate) fn source(
+    family: &str,
+    section: &str,
+    bindings: &[(DType, bool)],
+    subst: &[(&str, String)],
+) -> String {
+    let marker = "// @kernel ";
+    let shared = family.split(marker).next().unwrap_or("");
+    let body = family
+        .split(marker)
+        .skip(1)
+        .find(|s| s.lines().next().map(str::trim) == Some(section))
+        .unwrap_or("");
+    let mut src = String::from(COMMON);
+    for (k, &(dtype, output)) in bindings.iter().enumerate() {
+        src += &binding(k + 1, dtype, output);
+    }
+    src += shared;
+    src += "// kernel ";
+    src += body;
+    for (from, to) in subst {
+        src = src.replace(from, to);
+    }
+    src
+}
+
+/// Launch parameters: `u32` words, floats as their f32 bits.
+#[derive(Default)]
+pub(crate) struct Params(pub Vec<u32>);
+
+impl Params {
+    pub fn u(&mut self, v: usize) -> &mut Self {
+        self.0.push(v as u32);
+        self
+    }
+    pub fn f(&mut self, v: f64) -> &mut Self {
+        self.0.push((v as f32).to_bits());
+        self
+    }
+    pub fn w(&mut self, v: u32) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub fn all(&mut self, vs: &[usize]) -> &mut Self {
+        for &v in vs {
+            self.u(v);
+        }
+        self
+    }
+}
+
+/// The binding windows of `tensors` and each one's element offset inside its window.
+pub(crate) struct Views<'a> {
+    pub binds: Vec<Bind<'a>>,
+    pub offs: Vec<usize>,
+}
+
+pub(crate) fn views<'a>(core: &Core, tensors: &[&TensorRef<'a>]) -> Result<Views<'a>> {
+    let mut binds = Vec::with_capacity(tensors.len());
+    let mut offs = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let (b, o) = core.view(t)?;
+        binds.push(b);
+        offs.push(o as usize);
+    }
+    Ok(Views { binds, offs })
+}
+
+/// Binding kinds for inputs followed by outputs.
+pub(crate) fn kinds(inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>]) -> Vec<(DType, bool)> {
+    inputs
+        .iter()
+        .map(|t| (t.dtype, false))
+        .chain(outputs.iter().map(|t| (t.dtype, true)))
+        .collect()
+}
+
+/// Everything in one place for the common case: views of `inputs` then `outputs`, the
+/// pipeline `key` built from `family`'s `section`, and a dispatch of `groups` workgroups
+/// (spread over a 2-D grid) with parameters made by `params` from the element offsets.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    core: &Core,
+    key: &str,
+    family: &str,
+    section: &str,
+    subst: &[(&str, String)],
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    groups: u64,
+    params: impl FnOnce(&[usize], &mut Params),
+) -> Result<()> {
+    let grid = if groups == 0 {
+        [0, 0, 0]
+    } else {
+        core.grid(groups)
+    };
+    run_grid(
+        core, key, family, section, subst, inputs, outputs, grid, params,
+    )
+}
+
+/// As [`run`], with an explicit 3-D grid (a zero anywhere dispatches nothing).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_grid(
+    core: &Core,
+    key: &str,
+    family: &str,
+    section: &str,
+    subst: &[(&str, String)],
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    grid: [u32; 3],
+    params: impl FnOnce(&[usize], &mut Params),
+) -> Result<()> {
+    let all: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
+    let v = views(core, &all)?;
+    let mut p = Params::default();
+    params(&v.offs, &mut p);
+    let kinds = kinds(inputs, outputs);
+    let pipe = core.pipeline(key, v.binds.len(), || {
+        source(family, section, &kinds, subst)
+    })?;
+    core.dispatch(&pipe, &v.binds, &p.0, grid)
+}
+
+/// The cache key of a kernel: op, dtypes of its bindings and a variant name.
+pub(crate) fn key(
+    op: &tessera_core::Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    variant: &str,
+) -> String {
+    let d: Vec<&str> = inputs
+        .iter()
+        .chain(outputs)
+        .map(|t| t.dtype.name())
+        .collect();
+    format!("{op:?}/{}/{variant}", d.join(","))
+}
+
+/// An op this backend does not run (yet), as the catalog error.
+pub(crate) fn unsupported(op: &tessera_core::Op) -> Error {
+    Error::unsupported("wgpu", op.name())
+}
+
+/// Workgroups needed to cover `n` items with one thread each.
+pub(crate) fn groups_for(n: usize) -> u64 {
+    (n as u64).div_ceil(crate::device::WG)
+}

@@ -47,7 +47,9 @@ fn random<F: Float>(n: usize, s: &[f64], normal: bool) -> Vec<F> {
             if normal {
                 let u1 = F::of_f64(f64::from((w[0] >> 8) + 1) * (1.0 / 16_777_216.0));
                 let u2 = unit(w[1]);
-                a + b * (F::of_f64(-2.0) * u1.ln()).sqrt() * (two_pi * u2).cos()
+                let minus_log_u1 = -(-(F::one() - u1)).ln_1p();
+                let half = F::of_f64(0.5);
+                a + b * (F::of_f64(2.0) * minus_log_u1).sqrt() * -(two_pi * (u2 - half)).cos()
             } else {
                 a + (b - a) * unit(w[0])
             }

@@ -6,8 +6,11 @@
 //!   [`crate::rng::philox4x32`] with key `(key_lo, key_hi)` and counter
 //!   `(i mod 2^32, i / 2^32, counter_lo, counter_hi)`; the 32-bit words are identical on every
 //!   backend. Uniform: `low + (high - low) * (w0 >> 8) * 2^-24`, in `[low, high)`. Normal:
-//!   Box-Muller, `mean + std * sqrt(-2 ln u1) cos(2 pi u2)` with `u1 = ((w0 >> 8) + 1) 2^-24`
-//!   and `u2 = (w1 >> 8) 2^-24`, computed in f32 (f64 for f64).
+//!   Box-Muller, `mean + std * sqrt(2 L) * -cos(2 pi (u2 - 1/2))` (that is, `cos(2 pi u2)`)
+//!   with `L = -ln u1`, `u1 = ((w0 >> 8) + 1) 2^-24` and `u2 = (w1 >> 8) 2^-24`, computed in
+//!   f32 (f64 for f64). The cosine's argument stays in `[-pi, pi)` and `L` is taken from its
+//!   series `d + d^2/2 + ...` (`d = 1 - u1`) when `d < 1/16`: GPU logarithms and cosines
+//!   bound only their absolute error there, which would dominate small results.
 
 use super::{Op, TensorSpec};
 use crate::{DType, Error, Result};

@@ -28,9 +28,15 @@ const MAX_BIND_GROUPS: usize = 4096;
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub(crate) const WG: u64 = 256;
 
+/// Serializes creating Vulkan instances and devices. It guards no data: NVIDIA's driver
+/// corrupts its heap when several are created at once in one process (seen on an H100 with
+/// four test threads each opening a device), while one at a time is safe.
+static VULKAN_SETUP: Mutex<()> = Mutex::new(());
+
 /// Every Vulkan adapter, hardware before software. Any failure (no loader, no driver, a panic
 /// inside the driver probe) gives an empty list.
 pub(crate) fn adapters() -> Vec<wgpu::Adapter> {
+    let _setup = lock(&VULKAN_SETUP);
     let found = std::panic::catch_unwind(|| {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::VULKAN;
@@ -543,6 +549,7 @@ impl WgpuDevice {
     pub fn open(adapter: wgpu::Adapter, ordinal: usize) -> Result<Self> {
         let ainfo = adapter.get_info();
         let limits = adapter.limits();
+        let setup = lock(&VULKAN_SETUP);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("tessera"),
             required_features: wgpu::Features::empty(),
@@ -553,6 +560,7 @@ impl WgpuDevice {
             name: format!("wgpu:{ordinal}"),
             detail: e.to_string(),
         })?;
+        drop(setup);
         let errors: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {

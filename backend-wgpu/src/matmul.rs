@@ -1,5 +1,7 @@
 //! Batched matmul with bias, activation and residual epilogues: one register-blocked tiled
-//! kernel reading every operand in place through its strides.
+//! kernel reading every operand in place through its strides. Each operand's tile loader walks
+//! the operand's dimension with the smaller stride (k, or rows / columns), chosen here per
+//! launch, so global reads coalesce for plain and transposed layouts alike.
 
 use tessera_core::{Op, Result, TensorRef, UnaryOp};
 
@@ -54,20 +56,28 @@ pub(crate) fn launch(
     if let Some(i) = res_at {
         epilogue += &format!("v += ld{i}(r_base + gm * p[14] + gn * p[15]);\n");
     }
-    let subst = [("EPILOGUE", epilogue), ("STORE", format!("st{next}"))];
+    let (sa, sb) = (&a.layout.strides, &b.layout.strides);
+    let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
+    let (a_at, b_at) = (along(sa[r - 1] <= sa[r - 2]), along(sb[r - 2] <= sb[r - 1]));
+    let subst = [
+        ("EPILOGUE", epilogue),
+        ("STORE", format!("st{next}")),
+        ("A_AT", a_at.to_string()),
+        ("B_AT", b_at.to_string()),
+    ];
     let grid = if m * n * batch == 0 {
         [0, 0, 0]
     } else {
         [
-            core.dim(n.div_ceil(64)),
-            core.dim(m.div_ceil(64)),
+            core.dim(n.div_ceil(128)),
+            core.dim(m.div_ceil(128)),
             core.dim(batch),
         ]
     };
     let bs = |t: &TensorRef<'_>| t.layout.strides[..r - 2].to_vec();
     run_grid(
         core,
-        &key(op, inputs, outputs, "tiled"),
+        &key(op, inputs, outputs, &format!("tiled128/{a_at}/{b_at}")),
         SRC,
         "matmul",
         &subst,

@@ -1,27 +1,178 @@
-// Batched matmul with epilogue, register-blocked: a 64x64 output tile per workgroup, 4x4
-// outputs per thread, K in steps of 16 through workgroup memory. Operands are read in place
-// through their strides (transposed and broadcast views included).
+// Batched matmul with epilogue, register-blocked: a 128x128 output tile per 256-thread
+// workgroup, 8x8 outputs per thread, K in steps of 8 through double-buffered workgroup memory.
+// Operands are read in place through their strides (transposed and broadcast views included).
 // Parameters: p[0] M, p[1] N, p[2] K, p[3] batch, p[4] batch rank BR,
 // p[5] a offset, p[6] a row stride, p[7] a k stride, p[8] b offset, p[9] b k stride,
 // p[10] b column stride, p[11] bias offset, p[12] bias stride, p[13] residual offset,
 // p[14] residual row stride, p[15] residual column stride, p[16] output offset,
 // then batch shape, a, b and residual batch strides (BR each).
+//
+// Each thread owns rows 4*tr..4*tr+3 and 64+4*tr..64+4*tr+3 of the tile and the same pattern
+// of columns in tc, so one k costs it four vec4 reads of workgroup memory for 64 FMAs, and the
+// 16 accumulators are named vec4 fields, never indexed dynamically, which the compiler keeps in
+// registers (an indexed array would go to local memory). The tiles are stored k-major, a row of
+// 128 floats padded by 4 so that the loaders' scattered writes land in distinct banks. While a
+// step computes from one buffer, the next step's operands are fetched from global memory into
+// registers and then written to the other buffer: one barrier per step, and the load latency
+// hides behind the arithmetic. The last step fetches zeros past K into the idle buffer, which
+// nothing reads, rather than branch. Every output sums its products in increasing k, so results
+// are deterministic.
+//
+// The steps are unrolled by hand so that the buffer and k-row of every workgroup access are
+// constants: indices into workgroup arrays get clamped to their bounds, and with constant outer
+// indices the clamps reduce to a few loop-invariant values and each read keeps a constant
+// address offset.
 
-var<workgroup> ta: array<f32, 1024>;
-var<workgroup> tb: array<f32, 1024>;
+// K step.
+const TK: u32 = 8u;
+
+// Two buffers of TK k-rows; a k-row holds 128 floats and 4 of padding.
+var<workgroup> sa: array<array<array<vec4<f32>, 33>, 8>, 2>;
+var<workgroup> sb: array<array<array<vec4<f32>, 33>, 8>, 2>;
+
+// The (row or column, k) inside a 128 x 8 operand tile that thread `lid` loads with its load
+// `j` of four. Consecutive threads walk the operand's dimension with the smaller stride, so a
+// warp's loads coalesce however the operand is laid out: `along_k` for operands contiguous in
+// k (a row-major `a`, a transposed `b`), `along_mn` for those contiguous in rows or columns.
+fn along_k(lid: u32, j: u32) -> vec2<u32> { return vec2<u32>(lid / 8u + 32u * j, lid % 8u); }
+fn along_mn(lid: u32, j: u32) -> vec2<u32> { return vec2<u32>(lid % 128u, lid / 128u + 2u * j); }
+
+// A thread's four loads of one operand per step, worked out once per output tile.
+struct Feed {
+    // Element offset of each load's row (of `a`) or column (of `b`) at k = 0.
+    line: vec4<u32>,
+    // Whether that row or column exists.
+    inside: vec4<bool>,
+    // The k of each load inside the step.
+    k: vec4<u32>,
+    // Where each load goes in a workgroup k-row: vec4 index and component.
+    col: vec4<u32>,
+    lane: vec4<u32>,
+}
+
+// The feed of the loads `at` of a tile whose rows or columns start at `start` (of `limit`),
+// for an operand at element `base` with stride `stride` along them.
+fn feed(at: array<vec2<u32>, 4>, start: u32, limit: u32, base: u32, stride: u32) -> Feed {
+    let x = vec4<u32>(at[0].x, at[1].x, at[2].x, at[3].x);
+    let g = start + x;
+    return Feed(base + g * stride, g < vec4<u32>(limit), vec4<u32>(at[0].y, at[1].y, at[2].y, at[3].y), x / 4u, x % 4u);
+}
+
+// The four elements of step `k0`, zero outside the matrix.
+fn fetch_a(f: Feed, k0: u32, k: u32, sk: u32) -> vec4<f32> {
+    let gk = k0 + f.k;
+    let ok = f.inside & (gk < vec4<u32>(k));
+    var v = vec4<f32>();
+    if (ok.x) { v.x = ld1(f.line.x + gk.x * sk); }
+    if (ok.y) { v.y = ld1(f.line.y + gk.y * sk); }
+    if (ok.z) { v.z = ld1(f.line.z + gk.z * sk); }
+    if (ok.w) { v.w = ld1(f.line.w + gk.w * sk); }
+    return v;
+}
+fn fetch_b(f: Feed, k0: u32, k: u32, sk: u32) -> vec4<f32> {
+    let gk = k0 + f.k;
+    let ok = f.inside & (gk < vec4<u32>(k));
+    var v = vec4<f32>();
+    if (ok.x) { v.x = ld2(f.line.x + gk.x * sk); }
+    if (ok.y) { v.y = ld2(f.line.y + gk.y * sk); }
+    if (ok.z) { v.z = ld2(f.line.z + gk.z * sk); }
+    if (ok.w) { v.w = ld2(f.line.w + gk.w * sk); }
+    return v;
+}
+
+// Writes fetched elements into buffer `buf`.
+fn stash_a(f: Feed, buf: u32, v: vec4<f32>) {
+    sa[buf][f.k.x][f.col.x][f.lane.x] = v.x;
+    sa[buf][f.k.y][f.col.y][f.lane.y] = v.y;
+    sa[buf][f.k.z][f.col.z][f.lane.z] = v.z;
+    sa[buf][f.k.w][f.col.w][f.lane.w] = v.w;
+}
+fn stash_b(f: Feed, buf: u32, v: vec4<f32>) {
+    sb[buf][f.k.x][f.col.x][f.lane.x] = v.x;
+    sb[buf][f.k.y][f.col.y][f.lane.y] = v.y;
+    sb[buf][f.k.z][f.col.z][f.lane.z] = v.z;
+    sb[buf][f.k.w][f.col.w][f.lane.w] = v.w;
+}
+
+// A thread's 8x8 outputs: `cIJ` is row I (0-3: 4*tr + I, 4-7: 64 + 4*tr + I - 4), columns
+// 4*tc..4*tc+3 (J = 0) or 64 + 4*tc.. (J = 1).
+struct Acc {
+    c00: vec4<f32>, c01: vec4<f32>, c10: vec4<f32>, c11: vec4<f32>,
+    c20: vec4<f32>, c21: vec4<f32>, c30: vec4<f32>, c31: vec4<f32>,
+    c40: vec4<f32>, c41: vec4<f32>, c50: vec4<f32>, c51: vec4<f32>,
+    c60: vec4<f32>, c61: vec4<f32>, c70: vec4<f32>, c71: vec4<f32>,
+}
+
+// Adds the products of k-row `kr` of buffer `buf`.
+fn mac(acc: ptr<function, Acc>, buf: u32, kr: u32, tr: u32, tc: u32) {
+    let u = sa[buf][kr][tr];
+    let w = sa[buf][kr][tr + 16u];
+    let x = sb[buf][kr][tc];
+    let y = sb[buf][kr][tc + 16u];
+    (*acc).c00 += u.x * x;
+    (*acc).c01 += u.x * y;
+    (*acc).c10 += u.y * x;
+    (*acc).c11 += u.y * y;
+    (*acc).c20 += u.z * x;
+    (*acc).c21 += u.z * y;
+    (*acc).c30 += u.w * x;
+    (*acc).c31 += u.w * y;
+    (*acc).c40 += w.x * x;
+    (*acc).c41 += w.x * y;
+    (*acc).c50 += w.y * x;
+    (*acc).c51 += w.y * y;
+    (*acc).c60 += w.z * x;
+    (*acc).c61 += w.z * y;
+    (*acc).c70 += w.w * x;
+    (*acc).c71 += w.w * y;
+}
+
+// One step: every k-row of buffer `buf`, in order.
+fn step(acc: ptr<function, Acc>, buf: u32, tr: u32, tc: u32) {
+    mac(acc, buf, 0u, tr, tc);
+    mac(acc, buf, 1u, tr, tc);
+    mac(acc, buf, 2u, tr, tc);
+    mac(acc, buf, 3u, tr, tc);
+    mac(acc, buf, 4u, tr, tc);
+    mac(acc, buf, 5u, tr, tc);
+    mac(acc, buf, 6u, tr, tc);
+    mac(acc, buf, 7u, tr, tc);
+}
+
+// Finishes and writes output (gm, gn) if it is inside the M x N matrix.
+fn put(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, x: f32) {
+    if (gm < m && gn < n) {
+        var v = x;
+        EPILOGUE
+        STORE(o_base + gm * n + gn, v);
+    }
+}
+fn put4(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, v: vec4<f32>) {
+    put(m, n, gm, gn, r_base, o_base, v.x);
+    put(m, n, gm, gn + 1u, r_base, o_base, v.y);
+    put(m, n, gm, gn + 2u, r_base, o_base, v.z);
+    put(m, n, gm, gn + 3u, r_base, o_base, v.w);
+}
 
 // @kernel matmul
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let m = p[0];
     let n = p[1];
-    let kk_total = p[2];
+    let k = p[2];
     let batch = p[3];
     let br = p[4];
-    let tiles_m = (m + 63u) / 64u;
-    let tiles_n = (n + 63u) / 64u;
+    let sam = p[6];
+    let sak = p[7];
+    let sbk = p[9];
+    let sbn = p[10];
+    let tiles_m = (m + 127u) / 128u;
+    let tiles_n = (n + 127u) / 128u;
+    let steps = (k + TK - 1u) / TK;
     let tr = lid / 16u;
     let tc = lid % 16u;
+    let at_a = array<vec2<u32>, 4>(A_AT(lid, 0u), A_AT(lid, 1u), A_AT(lid, 2u), A_AT(lid, 3u));
+    let at_b = array<vec2<u32>, 4>(B_AT(lid, 0u), B_AT(lid, 1u), B_AT(lid, 2u), B_AT(lid, 3u));
     for (var z = wid.z; z < batch; z += nwg.z) {
         let a_base = p[5] + strided(z, br, 17u, 17u + br);
         let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
@@ -29,56 +180,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let o_base = p[16] + z * m * n;
         for (var ty = wid.y; ty < tiles_m; ty += nwg.y) {
             for (var tx = wid.x; tx < tiles_n; tx += nwg.x) {
-                let m0 = ty * 64u;
-                let n0 = tx * 64u;
-                var acc: array<f32, 16>;
-                for (var q = 0u; q < 16u; q++) { acc[q] = 0.0; }
-                for (var k0 = 0u; k0 < kk_total; k0 += 16u) {
-                    for (var e = lid; e < 1024u; e += WG) {
-                        let mm = e / 16u;
-                        let kk = e % 16u;
-                        let gm = m0 + mm;
-                        let gk = k0 + kk;
-                        var v = 0.0;
-                        if (gm < m && gk < kk_total) { v = ld1(a_base + gm * p[6] + gk * p[7]); }
-                        ta[kk * 64u + mm] = v;
-                    }
-                    for (var e = lid; e < 1024u; e += WG) {
-                        let kk = e / 64u;
-                        let nn = e % 64u;
-                        let gn = n0 + nn;
-                        let gk = k0 + kk;
-                        var v = 0.0;
-                        if (gn < n && gk < kk_total) { v = ld2(b_base + gk * p[9] + gn * p[10]); }
-                        tb[kk * 64u + nn] = v;
-                    }
-                    workgroupBarrier();
-                    for (var kk = 0u; kk < 16u; kk++) {
-                        var av: array<f32, 4>;
-                        var bv: array<f32, 4>;
-                        for (var i = 0u; i < 4u; i++) {
-                            av[i] = ta[kk * 64u + tr + 16u * i];
-                            bv[i] = tb[kk * 64u + tc + 16u * i];
-                        }
-                        for (var i = 0u; i < 4u; i++) {
-                            for (var j = 0u; j < 4u; j++) {
-                                acc[i * 4u + j] += av[i] * bv[j];
-                            }
-                        }
-                    }
-                    workgroupBarrier();
+                let m0 = ty * 128u;
+                let n0 = tx * 128u;
+                let fa = feed(at_a, m0, m, a_base, sam);
+                let fb = feed(at_b, n0, n, b_base, sbn);
+                if (steps > 0u) {
+                    stash_a(fa, 0u, fetch_a(fa, 0u, k, sak));
+                    stash_b(fb, 0u, fetch_b(fb, 0u, k, sbk));
                 }
-                for (var i = 0u; i < 4u; i++) {
-                    for (var j = 0u; j < 4u; j++) {
-                        let gm = m0 + tr + 16u * i;
-                        let gn = n0 + tc + 16u * j;
-                        if (gm < m && gn < n) {
-                            var v = acc[i * 4u + j];
-                            EPILOGUE
-                            STORE(o_base + gm * n + gn, v);
-                        }
+                workgroupBarrier();
+                var acc: Acc;
+                for (var s = 0u; s < steps; s += 2u) {
+                    let xa = fetch_a(fa, (s + 1u) * TK, k, sak);
+                    let xb = fetch_b(fb, (s + 1u) * TK, k, sbk);
+                    step(&acc, 0u, tr, tc);
+                    stash_a(fa, 1u, xa);
+                    stash_b(fb, 1u, xb);
+                    workgroupBarrier();
+                    if (s + 1u < steps) {
+                        let ya = fetch_a(fa, (s + 2u) * TK, k, sak);
+                        let yb = fetch_b(fb, (s + 2u) * TK, k, sbk);
+                        step(&acc, 1u, tr, tc);
+                        stash_a(fa, 0u, ya);
+                        stash_b(fb, 0u, yb);
+                        workgroupBarrier();
                     }
                 }
+                let gm = m0 + 4u * tr;
+                let gn = n0 + 4u * tc;
+                put4(m, n, gm, gn, r_base, o_base, acc.c00);
+                put4(m, n, gm, gn + 64u, r_base, o_base, acc.c01);
+                put4(m, n, gm + 1u, gn, r_base, o_base, acc.c10);
+                put4(m, n, gm + 1u, gn + 64u, r_base, o_base, acc.c11);
+                put4(m, n, gm + 2u, gn, r_base, o_base, acc.c20);
+                put4(m, n, gm + 2u, gn + 64u, r_base, o_base, acc.c21);
+                put4(m, n, gm + 3u, gn, r_base, o_base, acc.c30);
+                put4(m, n, gm + 3u, gn + 64u, r_base, o_base, acc.c31);
+                put4(m, n, gm + 64u, gn, r_base, o_base, acc.c40);
+                put4(m, n, gm + 64u, gn + 64u, r_base, o_base, acc.c41);
+                put4(m, n, gm + 65u, gn, r_base, o_base, acc.c50);
+                put4(m, n, gm + 65u, gn + 64u, r_base, o_base, acc.c51);
+                put4(m, n, gm + 66u, gn, r_base, o_base, acc.c60);
+                put4(m, n, gm + 66u, gn + 64u, r_base, o_base, acc.c61);
+                put4(m, n, gm + 67u, gn, r_base, o_base, acc.c70);
+                put4(m, n, gm + 67u, gn + 64u, r_base, o_base, acc.c71);
             }
         }
     }

@@ -8,7 +8,10 @@ fn main() {
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
             let text = e.render().to_string();
-            eprintln!("{}", text.lines().next().unwrap_or("error: invalid arguments"));
+            eprintln!(
+                "{}",
+                text.lines().next().unwrap_or("error: invalid arguments")
+            );
             std::process::exit(2);
         }
     };

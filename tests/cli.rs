@@ -29,17 +29,37 @@ fn train_args(extra: &[&str]) -> TrainArgs {
 
 fn tensors(path: &Path) -> BTreeMap<String, Vec<u8>> {
     let loaded = checkpoint::load(path).unwrap();
-    loaded.model.into_iter().chain(loaded.optimizer).map(|(k, v)| (k, v.bytes)).collect()
+    loaded
+        .model
+        .into_iter()
+        .chain(loaded.optimizer)
+        .map(|(k, v)| (k, v.bytes))
+        .collect()
 }
 
 #[test]
 fn two_digit_addition_is_learned() {
     let dir = temp_dir("learn");
     let out = dir.to_str().unwrap();
-    let args = train_args(&["--digits", "2", "--d-model", "64", "--steps", "1500", "--eval-every", "100", "--out", out]);
+    let args = train_args(&[
+        "--digits",
+        "2",
+        "--d-model",
+        "64",
+        "--steps",
+        "1500",
+        "--eval-every",
+        "100",
+        "--out",
+        out,
+    ]);
     let summary = run(&args).unwrap();
     let acc = summary.accuracy.expect("addition reports accuracy");
-    assert!(acc >= tessera::data::SUCCESS_BAR, "held-out exact match {acc} after {} steps", summary.steps);
+    assert!(
+        acc >= tessera::data::SUCCESS_BAR,
+        "held-out exact match {acc} after {} steps",
+        summary.steps
+    );
     assert!(summary.checkpoint.exists() && summary.plot.exists() && summary.metrics.exists());
     let svg = std::fs::read_to_string(&summary.plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
@@ -48,7 +68,20 @@ fn two_digit_addition_is_learned() {
 #[test]
 fn resumed_run_matches_the_uninterrupted_one_bit_for_bit() {
     let (a, b) = (temp_dir("whole"), temp_dir("split"));
-    let common = ["--digits", "2", "--d-model", "32", "--heads", "2", "--steps", "12", "--eval-every", "5", "--checkpoint-every", "4"];
+    let common = [
+        "--digits",
+        "2",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--steps",
+        "12",
+        "--eval-every",
+        "5",
+        "--checkpoint-every",
+        "4",
+    ];
     let mut whole: Vec<&str> = common.to_vec();
     whole.extend(["--out", a.to_str().unwrap()]);
     run(&train_args(&whole)).unwrap();
@@ -56,15 +89,33 @@ fn resumed_run_matches_the_uninterrupted_one_bit_for_bit() {
     first.extend(["--out", b.to_str().unwrap(), "--halt-after", "5"]);
     assert_eq!(run(&train_args(&first)).unwrap().steps, 5);
     let ckpt = b.join("checkpoint.safetensors");
-    let resume = ["--resume", ckpt.to_str().unwrap(), "--steps", "12", "--out", b.to_str().unwrap()];
+    let resume = [
+        "--resume",
+        ckpt.to_str().unwrap(),
+        "--steps",
+        "12",
+        "--out",
+        b.to_str().unwrap(),
+    ];
     assert_eq!(run(&train_args(&resume)).unwrap().steps, 12);
     let (x, y) = (tensors(&a.join("checkpoint.safetensors")), tensors(&ckpt));
     assert_eq!(x.keys().collect::<Vec<_>>(), y.keys().collect::<Vec<_>>());
     for (name, bytes) in &x {
-        assert!(bytes == &y[name], "{name} differs between the uninterrupted and the resumed run");
+        assert!(
+            bytes == &y[name],
+            "{name} differs between the uninterrupted and the resumed run"
+        );
     }
-    let (sa, sb) = (checkpoint::load(&a.join("checkpoint.safetensors")).unwrap().state, checkpoint::load(&ckpt).unwrap().state);
-    assert_eq!((sa.step, sa.rng, sa.data_rng), (sb.step, sb.rng, sb.data_rng));
+    let (sa, sb) = (
+        checkpoint::load(&a.join("checkpoint.safetensors"))
+            .unwrap()
+            .state,
+        checkpoint::load(&ckpt).unwrap().state,
+    );
+    assert_eq!(
+        (sa.step, sa.rng, sa.data_rng),
+        (sb.step, sb.rng, sb.data_rng)
+    );
 }
 
 fn tessera() -> Command {
@@ -78,10 +129,30 @@ fn killing_a_run_while_it_checkpoints_leaves_a_loadable_checkpoint() {
     let mut last_step = 0;
     for (i, wait_ms) in [900u64, 1300, 1700, 2100, 2500].into_iter().enumerate() {
         let mut cmd = tessera();
-        cmd.args(["train", "--quiet", "--device", "cpu", "--digits", "2", "--d-model", "32", "--heads", "2"])
-            .args(["--steps", "100000", "--checkpoint-every", "1", "--eval-every", "100000", "--out", dir.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "train",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--digits",
+            "2",
+            "--d-model",
+            "32",
+            "--heads",
+            "2",
+        ])
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-every",
+            "1",
+            "--eval-every",
+            "100000",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         if i > 0 && ckpt.exists() {
             cmd.args(["--resume", ckpt.to_str().unwrap()]);
         }
@@ -93,7 +164,10 @@ fn killing_a_run_while_it_checkpoints_leaves_a_loadable_checkpoint() {
             continue;
         }
         let loaded = checkpoint::load(&ckpt).unwrap_or_else(|e| panic!("after kill {i}: {e}"));
-        assert!(loaded.state.step >= last_step, "the checkpoint went back in time");
+        assert!(
+            loaded.state.step >= last_step,
+            "the checkpoint went back in time"
+        );
         last_step = loaded.state.step;
     }
     assert!(last_step > 0, "no checkpoint was ever written");
@@ -105,7 +179,11 @@ fn fails(args: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "{args:?} succeeded");
     assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "{args:?} should print one error line, got: {stderr}");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "{args:?} should print one error line, got: {stderr}"
+    );
 }
 
 #[test]
@@ -125,11 +203,28 @@ fn bad_arguments_give_one_error_line() {
 fn corrupt_and_truncated_files_give_one_error_line() {
     let dir = temp_dir("corrupt");
     let d = dir.to_str().unwrap();
-    let args = train_args(&["--digits", "1", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "2", "--out", d]);
+    let args = train_args(&[
+        "--digits",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--steps",
+        "2",
+        "--out",
+        d,
+    ]);
     let good = run(&args).unwrap().checkpoint;
     let bytes = std::fs::read(&good).unwrap();
     let bad = dir.join("bad.safetensors");
-    let mut cases: Vec<Vec<u8>> = vec![Vec::new(), b"not a safetensors file".to_vec(), u64::MAX.to_le_bytes().to_vec()];
+    let mut cases: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        b"not a safetensors file".to_vec(),
+        u64::MAX.to_le_bytes().to_vec(),
+    ];
     for cut in [7, 8, 9, 40, bytes.len() / 2, bytes.len() - 1] {
         cases.push(bytes[..cut].to_vec());
     }
@@ -138,15 +233,45 @@ fn corrupt_and_truncated_files_give_one_error_line() {
     cases.push(flipped);
     for case in &cases {
         std::fs::write(&bad, case).unwrap();
-        fails(&["generate", "--model", bad.to_str().unwrap(), "--ids", "1", "--device", "cpu"]);
-        fails(&["train", "--resume", bad.to_str().unwrap(), "--steps", "3", "--out", d]);
+        fails(&[
+            "generate",
+            "--model",
+            bad.to_str().unwrap(),
+            "--ids",
+            "1",
+            "--device",
+            "cpu",
+        ]);
+        fails(&[
+            "train",
+            "--resume",
+            bad.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--out",
+            d,
+        ]);
     }
     let hf = dir.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
-    for config in ["", "{", "{\"model_type\": \"gpt2\"}", "{\"model_type\": \"bert\"}", "[1,2]"] {
+    for config in [
+        "",
+        "{",
+        "{\"model_type\": \"gpt2\"}",
+        "{\"model_type\": \"bert\"}",
+        "[1,2]",
+    ] {
         std::fs::write(hf.join("config.json"), config).unwrap();
         std::fs::write(hf.join("model.safetensors"), &bytes).unwrap();
-        fails(&["generate", "--model", hf.to_str().unwrap(), "--ids", "1", "--device", "cpu"]);
+        fails(&[
+            "generate",
+            "--model",
+            hf.to_str().unwrap(),
+            "--ids",
+            "1",
+            "--device",
+            "cpu",
+        ]);
     }
 }
 
@@ -155,14 +280,32 @@ fn corrupt_and_truncated_files_give_one_error_line() {
 #[test]
 fn safetensors_loader_survives_every_truncation_and_bit_flips() {
     let dir = temp_dir("fuzz");
-    let args = train_args(&["--digits", "1", "--d-model", "16", "--heads", "2", "--layers", "1", "--steps", "1", "--out", dir.to_str().unwrap()]);
+    let args = train_args(&[
+        "--digits",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
     let bytes = std::fs::read(run(&args).unwrap().checkpoint).unwrap();
     for cut in 0..bytes.len().min(4096) {
-        assert!(tessera::io::parse(&bytes[..cut], "prefix").is_err(), "a {cut}-byte prefix parsed");
+        assert!(
+            tessera::io::parse(&bytes[..cut], "prefix").is_err(),
+            "a {cut}-byte prefix parsed"
+        );
     }
     let mut state = 0x1234_5678_u64;
     for _ in 0..2000 {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let mut copy = bytes.clone();
         let at = (state >> 33) as usize % copy.len();
         copy[at] ^= 1 << ((state >> 29) & 7);

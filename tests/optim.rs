@@ -7,12 +7,16 @@ use tessera::{DType, Tensor};
 
 fn param(values: &[f64]) -> (Vec<(String, Tensor)>, Tensor) {
     let device = tessera::open_device("cpu").unwrap();
-    let p = Tensor::from_f64(values, &[values.len()], DType::F64, &device).unwrap().requires_grad();
+    let p = Tensor::from_f64(values, &[values.len()], DType::F64, &device)
+        .unwrap()
+        .requires_grad();
     (vec![("p".to_string(), p.clone())], p)
 }
 
 fn set_grad(p: &Tensor, g: &[f64]) {
-    p.set_grad(Some(Tensor::from_f64(g, &[g.len()], DType::F64, p.device()).unwrap()));
+    p.set_grad(Some(
+        Tensor::from_f64(g, &[g.len()], DType::F64, p.device()).unwrap(),
+    ));
 }
 
 fn close(got: &Tensor, want: &[f64]) {
@@ -67,7 +71,8 @@ fn sgd_dampening_applies_from_the_second_step() {
 #[test]
 fn adam_with_l2_weight_decay() {
     let (params, p) = param(&[1.0]);
-    let mut opt = Adam::with_l2_decay(vec![ParamGroup::new(params, 0.1)], 0.9, 0.999, 1e-8).unwrap();
+    let mut opt =
+        Adam::with_l2_decay(vec![ParamGroup::new(params, 0.1)], 0.9, 0.999, 1e-8).unwrap();
     set_grad(&p, &[0.5]);
     opt.step(0.1, &one(&p)).unwrap();
     // g = 0.5 + 0.1 * 1 = 0.6; m = 0.06, v = 0.00036; m / (1 - 0.9) = 0.6,

@@ -31,14 +31,24 @@ fn trainer(device: &Arc<dyn Device>, task: &AdditionTask, precision: Precision) 
     let config = TransformerConfig::gpt2(task.vocab_size(), 16, 32, 2, 2);
     let mut rng = RngState::new(5);
     let model = Transformer::new(&config, device, DType::F32, &mut rng).unwrap();
-    Trainer::new(model, options(precision), rng, RngState::new(6), Value::Null).unwrap()
+    Trainer::new(
+        model,
+        options(precision),
+        rng,
+        RngState::new(6),
+        Value::Null,
+    )
+    .unwrap()
 }
 
 fn batch(task: &AdditionTask, trainer: &mut Trainer, n: usize) -> (Tensor, Tensor) {
     let (inputs, targets, _) = task.sample_batch(n, &mut trainer.state.data_rng);
     let device = trainer.device().clone();
     let shape = [n, task.seq_len()];
-    (Tensor::from_slice(&inputs, &shape, &device).unwrap(), Tensor::from_slice(&targets, &shape, &device).unwrap())
+    (
+        Tensor::from_slice(&inputs, &shape, &device).unwrap(),
+        Tensor::from_slice(&targets, &shape, &device).unwrap(),
+    )
 }
 
 fn learns(precision: Precision) {
@@ -57,12 +67,25 @@ fn learns(precision: Precision) {
     let allowed = if precision == Precision::F16 { 12 } else { 0 };
     assert!(skipped <= allowed, "{precision:?}: {skipped} steps skipped");
     if precision == Precision::F16 {
-        assert!(t.state.loss_scale < 65536.0 || skipped == 0, "overflow did not lower the loss scale");
+        assert!(
+            t.state.loss_scale < 65536.0 || skipped == 0,
+            "overflow did not lower the loss scale"
+        );
     }
     assert_eq!(t.model.dtype(), precision.dtype());
-    assert_eq!(t.weights().dtype(), DType::F32, "master weights must stay f32");
-    let (first, last) = (losses[..10].iter().sum::<f64>() / 10.0, losses[110..].iter().sum::<f64>() / 10.0);
-    assert!(last < 0.7 * first, "{precision:?}: loss went from {first} to {last}");
+    assert_eq!(
+        t.weights().dtype(),
+        DType::F32,
+        "master weights must stay f32"
+    );
+    let (first, last) = (
+        losses[..10].iter().sum::<f64>() / 10.0,
+        losses[110..].iter().sum::<f64>() / 10.0,
+    );
+    assert!(
+        last < 0.7 * first,
+        "{precision:?}: loss went from {first} to {last}"
+    );
 }
 
 #[test]
@@ -90,16 +113,28 @@ fn accumulated_micro_batches_give_the_large_batch_gradient() {
     };
     let (x, y) = whole(8, 0);
     model.loss_with_targets(&x, &y).unwrap().backward().unwrap();
-    let large: Vec<Vec<f64>> = tessera::nn::parameters(&model).iter().map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap()).collect();
+    let large: Vec<Vec<f64>> = tessera::nn::parameters(&model)
+        .iter()
+        .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap())
+        .collect();
     tessera::nn::zero_grad(&model);
     for half in [0, 4] {
         let (x, y) = whole(4, half);
-        model.loss_with_targets(&x, &y).unwrap().mul_scalar(0.5).unwrap().backward().unwrap();
+        model
+            .loss_with_targets(&x, &y)
+            .unwrap()
+            .mul_scalar(0.5)
+            .unwrap()
+            .backward()
+            .unwrap();
     }
     for ((name, p), want) in tessera::nn::parameters(&model).iter().zip(large) {
         let got = p.grad().unwrap().to_vec_f64().unwrap();
         for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-6 + 1e-4 * w.abs(), "{name}: accumulated {g} vs large batch {w}");
+            assert!(
+                (g - w).abs() <= 1e-6 + 1e-4 * w.abs(),
+                "{name}: accumulated {g} vs large batch {w}"
+            );
         }
     }
 }

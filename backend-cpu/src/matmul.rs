@@ -135,11 +135,24 @@ pub(crate) fn launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>
 /// sparser views are gathered into a row-major copy.
 fn read_operand<F: Float>(t: &TensorRef<'_>) -> Result<(Vec<F>, Vec<usize>)> {
     let layout = &t.layout;
-    let distinct: usize = layout.shape.iter().zip(&layout.strides).filter(|(_, &s)| s != 0).map(|(&d, _)| d).product();
+    let distinct: usize = layout
+        .shape
+        .iter()
+        .zip(&layout.strides)
+        .filter(|(_, &s)| s != 0)
+        .map(|(&d, _)| d)
+        .product();
     let span = layout.extent() - layout.offset;
     if span <= 2 * distinct.max(1) {
-        let stored = Layout { shape: vec![span], strides: vec![1], offset: layout.offset };
-        return Ok((read_layout(t.buffer, t.dtype, &stored)?, layout.strides.clone()));
+        let stored = Layout {
+            shape: vec![span],
+            strides: vec![1],
+            offset: layout.offset,
+        };
+        return Ok((
+            read_layout(t.buffer, t.dtype, &stored)?,
+            layout.strides.clone(),
+        ));
     }
     let strides = contiguous_strides(&layout.shape);
     Ok((read_layout(t.buffer, t.dtype, layout)?, strides))
@@ -174,8 +187,16 @@ fn run<F: Float>(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>]) -
         let (a, a_strides) = read_operand::<F>(&inputs[0])?;
         let (b, b_strides) = read_operand::<F>(&inputs[1])?;
         let one = |(i, dst): (usize, &mut [F])| {
-            let a = Mat { data: &a[batch_offset(i, batch_shape, &a_strides)..], rs: a_strides[r - 2], cs: a_strides[r - 1] };
-            let b = Mat { data: &b[batch_offset(i, batch_shape, &b_strides)..], rs: b_strides[r - 2], cs: b_strides[r - 1] };
+            let a = Mat {
+                data: &a[batch_offset(i, batch_shape, &a_strides)..],
+                rs: a_strides[r - 2],
+                cs: a_strides[r - 1],
+            };
+            let b = Mat {
+                data: &b[batch_offset(i, batch_shape, &b_strides)..],
+                rs: b_strides[r - 2],
+                cs: b_strides[r - 1],
+            };
             gemm_into(m, n, k, a, b, dst, false)
         };
         if mn.saturating_mul(k) >= PARALLEL_FLOPS {

@@ -13,7 +13,10 @@ fn probe() -> Vec<String> {
 }
 
 fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
-    Err(Error::Device { name: format!("vulkan:{ordinal}"), detail: "the vulkan backend has no kernels yet".into() })
+    Err(Error::Device {
+        name: format!("vulkan:{ordinal}"),
+        detail: "the vulkan backend has no kernels yet".into(),
+    })
 }
 
 tessera_core::inventory::submit! {

@@ -14,7 +14,11 @@ pub fn listings_under_test() -> Vec<DeviceListing> {
         .map(|s| s.split(',').map(|p| p.trim().to_string()).collect());
     tessera::devices()
         .into_iter()
-        .filter(|d| filter.as_ref().is_none_or(|f| f.iter().any(|w| *w == d.backend || *w == d.id)))
+        .filter(|d| {
+            filter
+                .as_ref()
+                .is_none_or(|f| f.iter().any(|w| *w == d.backend || *w == d.id))
+        })
         .collect()
 }
 
@@ -22,7 +26,10 @@ pub fn listings_under_test() -> Vec<DeviceListing> {
 pub fn devices_under_test() -> Vec<Arc<dyn Device>> {
     listings_under_test()
         .into_iter()
-        .map(|d| tessera::open_device(&d.id).unwrap_or_else(|e| panic!("{} is listed but does not open: {e}", d.id)))
+        .map(|d| {
+            tessera::open_device(&d.id)
+                .unwrap_or_else(|e| panic!("{} is listed but does not open: {e}", d.id))
+        })
         .collect()
 }
 

@@ -38,21 +38,30 @@ fn ids(device: &Arc<dyn Device>, seed: u32) -> Tensor {
 #[test]
 fn eight_threads_on_one_device_match_one_thread() {
     for device in devices_under_test() {
-        let expected: Vec<Vec<Vec<f64>>> = (0..8).map(|s| forward_backward(&model_on(&device), &ids(&device, s))).collect();
+        let expected: Vec<Vec<Vec<f64>>> = (0..8)
+            .map(|s| forward_backward(&model_on(&device), &ids(&device, s)))
+            .collect();
         let results: Vec<Vec<Vec<f64>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..8u32)
                 .map(|s| {
                     let device = device.clone();
                     scope.spawn(move || {
                         let model = model_on(&device);
-                        (0..3).map(|_| forward_backward(&model, &ids(&device, s))).last().unwrap()
+                        (0..3)
+                            .map(|_| forward_backward(&model, &ids(&device, s)))
+                            .last()
+                            .unwrap()
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for (s, (got, want)) in results.iter().zip(&expected).enumerate() {
-            assert!(got == want, "{}: thread {s} differs from the single-threaded result", device.info().id());
+            assert!(
+                got == want,
+                "{}: thread {s} differs from the single-threaded result",
+                device.info().id()
+            );
         }
     }
 }
@@ -65,11 +74,28 @@ fn out_of_memory_is_an_error_and_the_device_recovers() {
         let in_use = device.memory().in_use;
         device.set_memory_limit(Some(in_use + (1 << 20)));
         let err = Tensor::zeros(&[1 << 20], DType::F32, &device).unwrap_err();
-        assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested >= 4 << 20), "{id}: {err}");
-        let next = small.add(&small).unwrap().sum_all().unwrap().item().unwrap();
-        assert_eq!(next, 2048.0, "{id}: the device is unusable after out-of-memory");
+        assert!(
+            matches!(err, Error::OutOfMemory { requested, .. } if requested >= 4 << 20),
+            "{id}: {err}"
+        );
+        let next = small
+            .add(&small)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .item()
+            .unwrap();
+        assert_eq!(
+            next, 2048.0,
+            "{id}: the device is unusable after out-of-memory"
+        );
         device.set_memory_limit(None);
-        assert_eq!(Tensor::zeros(&[1 << 20], DType::F32, &device).unwrap().numel(), 1 << 20);
+        assert_eq!(
+            Tensor::zeros(&[1 << 20], DType::F32, &device)
+                .unwrap()
+                .numel(),
+            1 << 20
+        );
     }
 }
 
@@ -92,7 +118,10 @@ fn batch(task: &AdditionTask, trainer: &mut Trainer) -> (Tensor, Tensor) {
     let (inputs, targets, _) = task.sample_batch(8, &mut trainer.state.data_rng);
     let device = trainer.device().clone();
     let shape = [8, task.seq_len()];
-    (Tensor::from_slice(&inputs, &shape, &device).unwrap(), Tensor::from_slice(&targets, &shape, &device).unwrap())
+    (
+        Tensor::from_slice(&inputs, &shape, &device).unwrap(),
+        Tensor::from_slice(&targets, &shape, &device).unwrap(),
+    )
 }
 
 #[test]
@@ -104,9 +133,18 @@ fn a_training_step_never_waits_for_the_device() {
             let b = batch(&task, &mut t);
             let before = device.host_syncs();
             let report = t.step(&[b]).unwrap();
-            assert_eq!(device.host_syncs(), before, "{}: the step waited for the device", device.info().id());
+            assert_eq!(
+                device.host_syncs(),
+                before,
+                "{}: the step waited for the device",
+                device.info().id()
+            );
             report.loss.item().unwrap();
-            assert_eq!(device.host_syncs(), before + 1, "reading the loss is the one synchronization");
+            assert_eq!(
+                device.host_syncs(),
+                before + 1,
+                "reading the loss is the one synchronization"
+            );
         }
     }
 }
@@ -126,8 +164,18 @@ fn memory_is_flat_over_a_hundred_training_steps() {
             in_use.push(stats.in_use);
             reserved.push(stats.reserved);
         }
-        assert!(in_use[5..].iter().all(|&m| m == in_use[5]), "{id}: memory in use drifts: {in_use:?}");
-        assert!(reserved[5..].iter().all(|&m| m <= reserved[5]), "{id}: the pool keeps growing: {reserved:?}");
-        assert!(device.memory().reuse_rate() > 0.9, "{id}: the pool rarely reuses blocks: {:?}", device.memory());
+        assert!(
+            in_use[5..].iter().all(|&m| m == in_use[5]),
+            "{id}: memory in use drifts: {in_use:?}"
+        );
+        assert!(
+            reserved[5..].iter().all(|&m| m <= reserved[5]),
+            "{id}: the pool keeps growing: {reserved:?}"
+        );
+        assert!(
+            device.memory().reuse_rate() > 0.9,
+            "{id}: the pool rarely reuses blocks: {:?}",
+            device.memory()
+        );
     }
 }

@@ -39,13 +39,24 @@ fn rng_from(v: &Value, origin: &str, what: &str) -> Result<RngState> {
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| Error::format(origin, format!("{what}.{k} missing or not an integer")))
     };
-    Ok(RngState { key: field("key")?, counter: field("counter")? })
+    Ok(RngState {
+        key: field("key")?,
+        counter: field("counter")?,
+    })
 }
 
 /// Saves model, optimizer and state to `path` atomically.
-pub fn save(path: &Path, model: &Transformer, optimizer: &dyn Optimizer, state: &TrainState) -> Result<()> {
-    let mut tensors: BTreeMap<String, HostTensor> =
-        model.state_dict()?.into_iter().map(|(k, v)| (format!("model.{k}"), v)).collect();
+pub fn save(
+    path: &Path,
+    model: &Transformer,
+    optimizer: &dyn Optimizer,
+    state: &TrainState,
+) -> Result<()> {
+    let mut tensors: BTreeMap<String, HostTensor> = model
+        .state_dict()?
+        .into_iter()
+        .map(|(k, v)| (format!("model.{k}"), v))
+        .collect();
     tensors.extend(optimizer.state()?);
     let meta = json!({
         "format": "tessera-checkpoint-1",
@@ -73,14 +84,21 @@ pub fn load(path: &Path) -> Result<Loaded> {
     let origin = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let tensors = io::parse(&bytes, &origin)?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| Error::format(&origin, e.to_string()))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| Error::format(&origin, e.to_string()))?;
     let raw = header
         .metadata()
         .as_ref()
         .and_then(|m| m.get("tessera"))
-        .ok_or_else(|| Error::format(&origin, "not a Tessera checkpoint (no `tessera` metadata)"))?;
-    let meta: Value = serde_json::from_str(raw).map_err(|e| Error::format(&origin, format!("metadata: {e}")))?;
-    let config_text = meta.get("config").map(Value::to_string).ok_or_else(|| Error::format(&origin, "metadata has no config"))?;
+        .ok_or_else(|| {
+            Error::format(&origin, "not a Tessera checkpoint (no `tessera` metadata)")
+        })?;
+    let meta: Value =
+        serde_json::from_str(raw).map_err(|e| Error::format(&origin, format!("metadata: {e}")))?;
+    let config_text = meta
+        .get("config")
+        .map(Value::to_string)
+        .ok_or_else(|| Error::format(&origin, "metadata has no config"))?;
     let config = TransformerConfig::from_hf_str(&config_text, &origin)?;
     let step = meta
         .get("step")
@@ -90,8 +108,15 @@ pub fn load(path: &Path) -> Result<Loaded> {
     let state = TrainState {
         step,
         rng: rng_from(meta.get("rng").unwrap_or(&Value::Null), &origin, "rng")?,
-        data_rng: rng_from(meta.get("data_rng").unwrap_or(&Value::Null), &origin, "data_rng")?,
-        loss_scale: meta.get("loss_scale").and_then(Value::as_f64).unwrap_or(1.0),
+        data_rng: rng_from(
+            meta.get("data_rng").unwrap_or(&Value::Null),
+            &origin,
+            "data_rng",
+        )?,
+        loss_scale: meta
+            .get("loss_scale")
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0),
         run: meta.get("run").cloned().unwrap_or(Value::Null),
     };
     let (mut model, mut optimizer) = (BTreeMap::new(), BTreeMap::new());
@@ -102,5 +127,10 @@ pub fn load(path: &Path) -> Result<Loaded> {
             optimizer.insert(name, t);
         }
     }
-    Ok(Loaded { config, model, optimizer, state })
+    Ok(Loaded {
+        config,
+        model,
+        optimizer,
+        state,
+    })
 }

@@ -98,7 +98,12 @@ pub trait Kernel: Send + Sync + Debug {
     fn op(&self) -> &Op;
     /// Enqueues the op. `scalars` are the op's run-time parameters, as its catalog entry lists
     /// them. Implementations call [`crate::ops::validate_launch`] before enqueueing anything.
-    fn launch(&self, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>], scalars: &[f64]) -> Result<()>;
+    fn launch(
+        &self,
+        inputs: &[TensorRef<'_>],
+        outputs: &[TensorRef<'_>],
+        scalars: &[f64],
+    ) -> Result<()>;
 }
 
 /// One GPU, or the CPU. It owns its memory pool, its kernel cache and its queue; nothing it

@@ -100,8 +100,12 @@ macro_rules! element {
 }
 element!(f32, DType::F32, |x: f32| x as f64, |v: f64| v as f32);
 element!(f64, DType::F64, |x: f64| x, |v: f64| v);
-element!(half::f16, DType::F16, |x: half::f16| x.to_f64(), |v| half::f16::from_f32(f32_round_to_odd(v)));
-element!(half::bf16, DType::BF16, |x: half::bf16| x.to_f64(), |v| half::bf16::from_f32(f32_round_to_odd(v)));
+element!(half::f16, DType::F16, |x: half::f16| x.to_f64(), |v| {
+    half::f16::from_f32(f32_round_to_odd(v))
+});
+element!(half::bf16, DType::BF16, |x: half::bf16| x.to_f64(), |v| {
+    half::bf16::from_f32(f32_round_to_odd(v))
+});
 
 /// f64 to f32 rounding to odd: truncate, and set the last bit if anything was lost. Rounding
 /// that to nearest-even f16 or bf16 (both at least two bits shorter than f32) is the correctly
@@ -112,7 +116,11 @@ fn f32_round_to_odd(x: f64) -> f32 {
     if x.is_nan() || f64::from(f) == x {
         return f;
     }
-    let toward_zero = if f64::from(f).abs() > x.abs() { f32::from_bits(f.to_bits() - 1) } else { f };
+    let toward_zero = if f64::from(f).abs() > x.abs() {
+        f32::from_bits(f.to_bits() - 1)
+    } else {
+        f
+    };
     f32::from_bits(toward_zero.to_bits() | 1)
 }
 element!(i32, DType::I32, |x: i32| x as f64, |v: f64| v as i32);

@@ -15,13 +15,27 @@ pub enum Error {
     DType { op: String, detail: String },
     /// An axis beyond the tensor's rank.
     #[error("{op}: axis {axis} out of range for a tensor of rank {rank} (shape {shape:?})")]
-    Axis { op: String, axis: isize, rank: usize, shape: Vec<usize> },
+    Axis {
+        op: String,
+        axis: isize,
+        rank: usize,
+        shape: Vec<usize>,
+    },
     /// An index or range beyond a dimension.
     #[error("{op}: index {index} out of range for dimension of size {size} (shape {shape:?})")]
-    Index { op: String, index: isize, size: usize, shape: Vec<usize> },
+    Index {
+        op: String,
+        index: isize,
+        size: usize,
+        shape: Vec<usize>,
+    },
     /// Tensors on different devices given to one op.
     #[error("{op}: tensors on different devices: {first} and {second}; move them with `to_device` first")]
-    DeviceMismatch { op: String, first: String, second: String },
+    DeviceMismatch {
+        op: String,
+        first: String,
+        second: String,
+    },
     /// An input that is empty where the op needs at least one element.
     #[error("{op}: empty input (shape {shape:?}) where at least one element is required")]
     Empty { op: String, shape: Vec<usize> },
@@ -32,14 +46,24 @@ pub enum Error {
     #[error("{backend} does not support {op}")]
     Unsupported { backend: String, op: String },
     /// The device's pool cannot satisfy an allocation under its limit. The device stays usable.
-    #[error("out of memory: requested {requested} bytes with {in_use} in use and a limit of {limit}")]
-    OutOfMemory { requested: usize, in_use: usize, limit: usize },
+    #[error(
+        "out of memory: requested {requested} bytes with {in_use} in use and a limit of {limit}"
+    )]
+    OutOfMemory {
+        requested: usize,
+        in_use: usize,
+        limit: usize,
+    },
     /// No device matches a name, or a backend failed to open one.
     #[error("device {name}: {detail}")]
     Device { name: String, detail: String },
     /// A kernel failed to compile; carries the compiler log.
     #[error("{backend}: kernel {op} failed to compile:\n{log}")]
-    Compile { backend: String, op: String, log: String },
+    Compile {
+        backend: String,
+        op: String,
+        log: String,
+    },
     /// Backend runtime failures (driver errors, lost devices).
     #[error("{backend}: {detail}")]
     Backend { backend: String, detail: String },
@@ -48,27 +72,48 @@ pub enum Error {
     Format { path: String, detail: String },
     /// File-system failures, with the path.
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
     pub fn shape(op: &str, detail: impl Into<String>) -> Self {
-        Error::Shape { op: op.into(), detail: detail.into() }
+        Error::Shape {
+            op: op.into(),
+            detail: detail.into(),
+        }
     }
     pub fn dtype(op: &str, detail: impl Into<String>) -> Self {
-        Error::DType { op: op.into(), detail: detail.into() }
+        Error::DType {
+            op: op.into(),
+            detail: detail.into(),
+        }
     }
     pub fn invalid(op: &str, detail: impl Into<String>) -> Self {
-        Error::Invalid { op: op.into(), detail: detail.into() }
+        Error::Invalid {
+            op: op.into(),
+            detail: detail.into(),
+        }
     }
     pub fn format(path: impl Into<String>, detail: impl Into<String>) -> Self {
-        Error::Format { path: path.into(), detail: detail.into() }
+        Error::Format {
+            path: path.into(),
+            detail: detail.into(),
+        }
     }
     pub fn io(path: impl AsRef<std::path::Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().display().to_string(), source }
+        Error::Io {
+            path: path.as_ref().display().to_string(),
+            source,
+        }
     }
     pub fn unsupported(backend: &str, op: impl Into<String>) -> Self {
-        Error::Unsupported { backend: backend.into(), op: op.into() }
+        Error::Unsupported {
+            backend: backend.into(),
+            op: op.into(),
+        }
     }
 }
 

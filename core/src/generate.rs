@@ -17,19 +17,29 @@ pub struct Sampling {
 
 impl Sampling {
     pub fn greedy() -> Self {
-        Sampling { temperature: 0.0, top_k: None, top_p: None }
+        Sampling {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+        }
     }
 
     fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(Error::invalid("generate", format!("temperature must be >= 0; got {}", self.temperature)));
+            return Err(Error::invalid(
+                "generate",
+                format!("temperature must be >= 0; got {}", self.temperature),
+            ));
         }
         if self.top_k == Some(0) {
             return Err(Error::invalid("generate", "top_k must be at least 1"));
         }
         if let Some(p) = self.top_p {
             if !(p > 0.0 && p <= 1.0) {
-                return Err(Error::invalid("generate", format!("top_p must be in (0, 1]; got {p}")));
+                return Err(Error::invalid(
+                    "generate",
+                    format!("top_p must be in (0, 1]; got {p}"),
+                ));
             }
         }
         Ok(())
@@ -46,7 +56,10 @@ impl Sampling {
             order.truncate(k.max(1));
         }
         let top = logits[order[0]];
-        let mut probs: Vec<f64> = order.iter().map(|&i| ((logits[i] - top) / self.temperature).exp()).collect();
+        let mut probs: Vec<f64> = order
+            .iter()
+            .map(|&i| ((logits[i] - top) / self.temperature).exp())
+            .collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= total);
         if let Some(top_p) = self.top_p {
@@ -93,10 +106,18 @@ pub fn generate(
     options.sampling.validate()?;
     let vocab = model.config.vocab_size;
     if prompt.is_empty() {
-        return Err(Error::invalid("generate", "the prompt must hold at least one token"));
+        return Err(Error::invalid(
+            "generate",
+            "the prompt must hold at least one token",
+        ));
     }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::Index { op: "generate".into(), index: bad as isize, size: vocab, shape: vec![prompt.len()] });
+        return Err(Error::Index {
+            op: "generate".into(),
+            index: bad as isize,
+            size: vocab,
+            shape: vec![prompt.len()],
+        });
     }
     let _guard = crate::no_grad();
     let device = model.device();
@@ -128,11 +149,20 @@ pub fn generate(
 
 /// Greedy continuation of equal-length prompts as one batch: `new_tokens` tokens each, chosen
 /// by argmax on the device with a KV cache. Used to score held-out problems quickly.
-pub fn greedy_batch(model: &Transformer, prompts: &[Vec<u32>], new_tokens: usize) -> Result<Vec<Vec<u32>>> {
-    let Some(first) = prompts.first() else { return Ok(Vec::new()) };
+pub fn greedy_batch(
+    model: &Transformer,
+    prompts: &[Vec<u32>],
+    new_tokens: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let Some(first) = prompts.first() else {
+        return Ok(Vec::new());
+    };
     let len = first.len();
     if len == 0 || prompts.iter().any(|p| p.len() != len) {
-        return Err(Error::invalid("greedy_batch", "prompts must be non-empty and of one length"));
+        return Err(Error::invalid(
+            "greedy_batch",
+            "prompts must be non-empty and of one length",
+        ));
     }
     let _guard = crate::no_grad();
     let device = model.device();
@@ -165,7 +195,11 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_at_any_temperature() {
         let mut rng = RngState::new(7);
-        let s = Sampling { temperature: 5.0, top_k: Some(1), top_p: None };
+        let s = Sampling {
+            temperature: 5.0,
+            top_k: Some(1),
+            top_p: None,
+        };
         for _ in 0..20 {
             assert_eq!(s.pick(&[0.0, 2.0, 1.0], &mut rng), 1);
         }
@@ -174,7 +208,11 @@ mod tests {
     #[test]
     fn top_p_keeps_the_nucleus() {
         let mut rng = RngState::new(3);
-        let s = Sampling { temperature: 1.0, top_k: None, top_p: Some(0.5) };
+        let s = Sampling {
+            temperature: 1.0,
+            top_k: None,
+            top_p: Some(0.5),
+        };
         let logits = [10.0, 0.0, 0.0, 0.0];
         for _ in 0..20 {
             assert_eq!(s.pick(&logits, &mut rng), 0);

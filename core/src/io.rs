@@ -27,12 +27,21 @@ impl HostTensor {
     pub fn from_tensor(t: &Tensor) -> Result<Self> {
         let t = t.contiguous()?;
         let mut bytes = vec![0u8; t.numel() * t.dtype().size()];
-        t.device().read(t.buffer(), t.layout().offset * t.dtype().size(), &mut bytes)?;
-        Ok(HostTensor { dtype: t.dtype(), shape: t.shape().to_vec(), bytes })
+        t.device()
+            .read(t.buffer(), t.layout().offset * t.dtype().size(), &mut bytes)?;
+        Ok(HostTensor {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            bytes,
+        })
     }
 
     pub fn from_f64(values: &[f64], shape: &[usize], dtype: DType) -> Self {
-        HostTensor { dtype, shape: shape.to_vec(), bytes: crate::encode_f64(values, dtype) }
+        HostTensor {
+            dtype,
+            shape: shape.to_vec(),
+            bytes: crate::encode_f64(values, dtype),
+        }
     }
 
     pub fn to_f64(&self) -> Vec<f64> {
@@ -42,7 +51,12 @@ impl HostTensor {
     pub fn to_tensor(&self, device: &std::sync::Arc<dyn crate::Device>) -> Result<Tensor> {
         let buffer = device.alloc(self.bytes.len())?;
         device.write(&buffer, 0, &self.bytes)?;
-        Ok(Tensor::from_parts(buffer, crate::Layout::contiguous(&self.shape), self.dtype, device.clone()))
+        Ok(Tensor::from_parts(
+            buffer,
+            crate::Layout::contiguous(&self.shape),
+            self.dtype,
+            device.clone(),
+        ))
     }
 }
 
@@ -80,27 +94,51 @@ pub fn load(path: &Path) -> Result<BTreeMap<String, HostTensor>> {
 
 /// [`load`] on bytes already in memory; `origin` names them in errors.
 pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>> {
-    let file = safetensors::SafeTensors::deserialize(bytes).map_err(|e| Error::format(origin, format!("not a valid safetensors file: {e}")))?;
+    let file = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::format(origin, format!("not a valid safetensors file: {e}")))?;
     let mut out = BTreeMap::new();
     for (name, view) in file.tensors() {
         let shape = view.shape().to_vec();
         let data = view.data();
         let tensor = match (view.dtype(), from_st(view.dtype())) {
-            (_, Some(dtype)) => HostTensor { dtype, shape, bytes: data.to_vec() },
+            (_, Some(dtype)) => HostTensor {
+                dtype,
+                shape,
+                bytes: data.to_vec(),
+            },
             (StDtype::I64, None) => {
                 let mut narrowed = Vec::with_capacity(data.len() / 2);
                 for chunk in data.chunks_exact(8) {
                     let v = i64::from_le_bytes(chunk.try_into().expect("chunks of 8"));
-                    let v = i32::try_from(v).map_err(|_| Error::format(origin, format!("{name}: i64 value {v} does not fit i32")))?;
+                    let v = i32::try_from(v).map_err(|_| {
+                        Error::format(origin, format!("{name}: i64 value {v} does not fit i32"))
+                    })?;
                     narrowed.extend_from_slice(&v.to_le_bytes());
                 }
-                HostTensor { dtype: DType::I32, shape, bytes: narrowed }
+                HostTensor {
+                    dtype: DType::I32,
+                    shape,
+                    bytes: narrowed,
+                }
             }
-            (other, None) => return Err(Error::format(origin, format!("{name}: unsupported dtype {other:?}"))),
+            (other, None) => {
+                return Err(Error::format(
+                    origin,
+                    format!("{name}: unsupported dtype {other:?}"),
+                ))
+            }
         };
         let expected = crate::numel(&tensor.shape).checked_mul(tensor.dtype.size());
         if expected != Some(tensor.bytes.len()) {
-            return Err(Error::format(origin, format!("{name}: {} bytes for shape {:?} {}", tensor.bytes.len(), tensor.shape, tensor.dtype)));
+            return Err(Error::format(
+                origin,
+                format!(
+                    "{name}: {} bytes for shape {:?} {}",
+                    tensor.bytes.len(),
+                    tensor.shape,
+                    tensor.dtype
+                ),
+            ));
         }
         out.insert(name, tensor);
     }
@@ -108,7 +146,11 @@ pub fn parse(bytes: &[u8], origin: &str) -> Result<BTreeMap<String, HostTensor>>
 }
 
 /// Writes tensors (and string metadata) to `path` atomically.
-pub fn save(path: &Path, tensors: &BTreeMap<String, HostTensor>, metadata: &BTreeMap<String, String>) -> Result<()> {
+pub fn save(
+    path: &Path,
+    tensors: &BTreeMap<String, HostTensor>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     let views = tensors
         .iter()
         .map(|(name, t)| {
@@ -117,7 +159,11 @@ pub fn save(path: &Path, tensors: &BTreeMap<String, HostTensor>, metadata: &BTre
                 .map_err(|e| Error::format(path.display().to_string(), format!("{name}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let meta = if metadata.is_empty() { None } else { Some(metadata.clone().into_iter().collect()) };
+    let meta = if metadata.is_empty() {
+        None
+    } else {
+        Some(metadata.clone().into_iter().collect())
+    };
     let bytes = safetensors::tensor::serialize(views, &meta)
         .map_err(|e| Error::format(path.display().to_string(), e.to_string()))?;
     write_atomic(path, &bytes)
@@ -126,17 +172,35 @@ pub fn save(path: &Path, tensors: &BTreeMap<String, HostTensor>, metadata: &BTre
 /// Reads the string metadata of a safetensors file.
 pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .map_err(|e| Error::format(path.display().to_string(), format!("not a valid safetensors file: {e}")))?;
-    Ok(meta.metadata().clone().unwrap_or_default().into_iter().collect())
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
+        Error::format(
+            path.display().to_string(),
+            format!("not a valid safetensors file: {e}"),
+        )
+    })?;
+    Ok(meta
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect())
 }
 
 /// Writes `bytes` to `path` through a synced temporary file and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let file_name = path.file_name().ok_or_else(|| Error::format(path.display().to_string(), "not a file path"))?;
-    let tmp = dir.join(format!(".{}.tmp{}", file_name.to_string_lossy(), std::process::id()));
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| Error::format(path.display().to_string(), "not a file path"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;

@@ -12,7 +12,12 @@ pub fn normalize_axis(op: &str, axis: isize, shape: &[usize]) -> Result<usize> {
     let rank = shape.len() as isize;
     let a = if axis < 0 { axis + rank } else { axis };
     if a < 0 || a >= rank {
-        return Err(Error::Axis { op: op.into(), axis, rank: shape.len(), shape: shape.to_vec() });
+        return Err(Error::Axis {
+            op: op.into(),
+            axis,
+            rank: shape.len(),
+            shape: shape.to_vec(),
+        });
     }
     Ok(a as usize)
 }
@@ -38,8 +43,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
-        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        let da = if i < rank - a.len() {
+            1
+        } else {
+            a[i - (rank - a.len())]
+        };
+        let db = if i < rank - b.len() {
+            1
+        } else {
+            b[i - (rank - b.len())]
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -59,7 +72,11 @@ pub struct Layout {
 
 impl Layout {
     pub fn contiguous(shape: &[usize]) -> Layout {
-        Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
+        Layout {
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
     }
 
     pub fn with_offset(mut self, offset: usize) -> Layout {
@@ -97,7 +114,14 @@ impl Layout {
         if self.numel() == 0 {
             return 0;
         }
-        self.offset + self.shape.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
+        self.offset
+            + self
+                .shape
+                .iter()
+                .zip(&self.strides)
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum::<usize>()
+            + 1
     }
 
     /// The flat element index of every logical element, in row-major order.
@@ -164,7 +188,11 @@ impl Layout {
                 return None;
             };
         }
-        Some(Layout { shape: shape.to_vec(), strides, offset: self.offset })
+        Some(Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: self.offset,
+        })
     }
 
     /// The same elements with a new shape, if expressible without copying: always for

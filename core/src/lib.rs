@@ -6,25 +6,27 @@
 //! There is no global mutable state: devices own their pools and kernel caches, and the only
 //! per-thread state is the `no_grad` depth.
 
+pub mod checkpoint;
 pub mod data;
 mod device;
 mod dtype;
-pub mod checkpoint;
 mod error;
 pub mod generate;
-mod layout;
 pub mod io;
+mod layout;
+pub mod memory;
 pub mod models;
 pub mod nn;
-pub mod memory;
 pub mod ops;
 pub mod optim;
 mod registry;
 pub mod rng;
-pub mod train;
 mod tensor;
+pub mod train;
 
-pub use device::{same_device, Buffer, Device, DeviceInfo, Features, Kernel, Limits, MemoryStats, TensorRef};
+pub use device::{
+    same_device, Buffer, Device, DeviceInfo, Features, Kernel, Limits, MemoryStats, TensorRef,
+};
 pub use dtype::{decode_f64, encode_f64, DType, Element};
 pub use error::{dtypes_str, Error, Result};
 pub use layout::{broadcast_shapes, contiguous_strides, normalize_axis, numel, Layout};

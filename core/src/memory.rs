@@ -30,7 +30,11 @@ pub struct Pool<B> {
 
 impl<B> Default for Pool<B> {
     fn default() -> Self {
-        Pool { free: HashMap::new(), cached: 0, stats: MemoryStats::default() }
+        Pool {
+            free: HashMap::new(),
+            cached: 0,
+            stats: MemoryStats::default(),
+        }
     }
 }
 
@@ -60,7 +64,11 @@ impl<B> Pool<B> {
             }
             if self.stats.reserved + class > limit {
                 self.stats.allocations -= 1;
-                return Err(Error::OutOfMemory { requested: bytes, in_use: self.stats.in_use, limit });
+                return Err(Error::OutOfMemory {
+                    requested: bytes,
+                    in_use: self.stats.in_use,
+                    limit,
+                });
             }
         }
         let block = create(class).inspect_err(|_| self.stats.allocations -= 1)?;
@@ -115,7 +123,10 @@ mod tests {
         for bytes in (1..5000).chain([1 << 20, (1 << 20) + 1, 123_456_789]) {
             let c = size_class(bytes);
             assert!(c >= bytes);
-            assert!(c.is_multiple_of(4) && ((c - bytes.max(4)) * 8 <= bytes.max(4) || c - bytes < 4), "{bytes} -> {c}");
+            assert!(
+                c.is_multiple_of(4) && ((c - bytes.max(4)) * 8 <= bytes.max(4) || c - bytes < 4),
+                "{bytes} -> {c}"
+            );
         }
     }
 

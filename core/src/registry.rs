@@ -44,7 +44,12 @@ pub fn devices() -> Vec<DeviceListing> {
     let mut out = Vec::new();
     for e in entries() {
         for (ordinal, name) in (e.probe)().into_iter().enumerate() {
-            out.push(DeviceListing { id: format!("{}:{ordinal}", e.name), backend: e.name, name, priority: e.priority });
+            out.push(DeviceListing {
+                id: format!("{}:{ordinal}", e.name),
+                backend: e.name,
+                name,
+                priority: e.priority,
+            });
         }
     }
     out
@@ -63,13 +68,16 @@ pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
         None => (spec, 0),
     };
     let all = entries();
-    let entry = all.iter().find(|e| e.name == backend).ok_or_else(|| Error::Device {
-        name: spec.into(),
-        detail: format!(
-            "no such backend; compiled in: {} (enable others with cargo features)",
-            all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
-        ),
-    })?;
+    let entry = all
+        .iter()
+        .find(|e| e.name == backend)
+        .ok_or_else(|| Error::Device {
+            name: spec.into(),
+            detail: format!(
+                "no such backend; compiled in: {} (enable others with cargo features)",
+                all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+            ),
+        })?;
     let present = (entry.probe)();
     if ordinal >= present.len() {
         return Err(Error::Device {

@@ -30,7 +30,12 @@ pub fn philox4x32(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// launch scalars of `RandUniform`/`RandNormal`, see the catalog).
 pub fn element_words(key: u64, counter: u64, index: u64) -> [u32; 4] {
     philox4x32(
-        [index as u32, (index >> 32) as u32, counter as u32, (counter >> 32) as u32],
+        [
+            index as u32,
+            (index >> 32) as u32,
+            counter as u32,
+            (counter >> 32) as u32,
+        ],
         [key as u32, (key >> 32) as u32],
     )
 }
@@ -50,7 +55,10 @@ pub struct RngState {
 
 impl RngState {
     pub fn new(seed: u64) -> Self {
-        RngState { key: seed, counter: 0 }
+        RngState {
+            key: seed,
+            counter: 0,
+        }
     }
 
     /// The `(key, counter)` for the next random op; advances the stream.
@@ -63,7 +71,10 @@ impl RngState {
     /// A host-side uniform value in `[0, 1)` (data sampling, shuffles).
     pub fn next_f64(&mut self) -> f64 {
         let (k, c) = self.next_launch();
-        let w = philox4x32([c as u32, (c >> 32) as u32, 0x686f_7374, 0], [k as u32, (k >> 32) as u32]);
+        let w = philox4x32(
+            [c as u32, (c >> 32) as u32, 0x686f_7374, 0],
+            [k as u32, (k >> 32) as u32],
+        );
         ((u64::from(w[0]) << 21) ^ u64::from(w[1] >> 11)) as f64 / (1u64 << 53) as f64
     }
 
@@ -90,13 +101,19 @@ mod tests {
     /// Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10).
     #[test]
     fn philox_known_answers() {
-        assert_eq!(philox4x32([0, 0, 0, 0], [0, 0]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(
+            philox4x32([0, 0, 0, 0], [0, 0]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
         assert_eq!(
             philox4x32([0xffff_ffff; 4], [0xffff_ffff; 2]),
             [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
         );
         assert_eq!(
-            philox4x32([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            philox4x32(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
     }

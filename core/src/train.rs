@@ -76,28 +76,60 @@ pub struct Trainer {
 
 impl Trainer {
     /// Starts training `model` (held in f32) at step 0.
-    pub fn new(model: Transformer, options: TrainOptions, rng: RngState, data_rng: RngState, run: Value) -> Result<Self> {
-        let state = TrainState { step: 0, rng, data_rng, loss_scale: 65536.0, run };
+    pub fn new(
+        model: Transformer,
+        options: TrainOptions,
+        rng: RngState,
+        data_rng: RngState,
+        run: Value,
+    ) -> Result<Self> {
+        let state = TrainState {
+            step: 0,
+            rng,
+            data_rng,
+            loss_scale: 65536.0,
+            run,
+        };
         Trainer::assemble(model, options, state)
     }
 
     fn assemble(weights: Transformer, options: TrainOptions, state: TrainState) -> Result<Self> {
         if weights.dtype() != DType::F32 {
-            return Err(Error::invalid("trainer", format!("master weights must be f32; got {}", weights.dtype())));
+            return Err(Error::invalid(
+                "trainer",
+                format!("master weights must be f32; got {}", weights.dtype()),
+            ));
         }
         let dtype = options.precision.dtype();
         let (model, master) = if dtype == DType::F32 {
             (weights, None)
         } else {
-            let mut compute = Transformer::from_host_tensors(&weights.config, &weights.state_dict()?, "master weights", weights.device(), DType::F32)?;
+            let mut compute = Transformer::from_host_tensors(
+                &weights.config,
+                &weights.state_dict()?,
+                "master weights",
+                weights.device(),
+                DType::F32,
+            )?;
             compute.to_device(&weights.device().clone(), dtype)?;
             (compute, Some(weights))
         };
         let owner = master.as_ref().unwrap_or(&model);
         let groups = ParamGroup::decay_matrices(parameters(owner), options.weight_decay);
         let optimizer = Adam::adamw(groups, options.betas.0, options.betas.1, options.eps)?;
-        let scale = if options.precision == Precision::F16 { state.loss_scale } else { 1.0 };
-        Ok(Trainer { model, master, optimizer, scaler: LossScaler::new(scale, 1000), state, options })
+        let scale = if options.precision == Precision::F16 {
+            state.loss_scale
+        } else {
+            1.0
+        };
+        Ok(Trainer {
+            model,
+            master,
+            optimizer,
+            scaler: LossScaler::new(scale, 1000),
+            state,
+            options,
+        })
     }
 
     /// The f32 weights the optimizer updates (what checkpoints hold).
@@ -113,7 +145,10 @@ impl Trainer {
     /// token ids; their mean loss is what is minimized.
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<StepReport> {
         if micro_batches.is_empty() {
-            return Err(Error::invalid("train step", "needs at least one micro-batch"));
+            return Err(Error::invalid(
+                "train step",
+                "needs at least one micro-batch",
+            ));
         }
         let n = micro_batches.len() as f64;
         let scale = self.scaler.scale;
@@ -149,13 +184,22 @@ impl Trainer {
         }
         self.optimizer.zero_grad();
         self.state.loss_scale = self.scaler.scale;
-        Ok(StepReport { loss, grad_norm, lr, skipped })
+        Ok(StepReport {
+            loss,
+            grad_norm,
+            lr,
+            skipped,
+        })
     }
 
     /// Copies the master weights into the compute-precision model (rounding to its dtype).
     fn sync_compute_weights(&self) -> Result<()> {
-        let Some(master) = &self.master else { return Ok(()) };
-        let cast = Op::Cast { to: self.model.dtype() };
+        let Some(master) = &self.master else {
+            return Ok(());
+        };
+        let cast = Op::Cast {
+            to: self.model.dtype(),
+        };
         for ((_, low), (_, high)) in parameters(&self.model).iter().zip(parameters(master)) {
             Tensor::apply_in_place(&cast, &[&high], &[low], &[])?;
         }
@@ -174,12 +218,26 @@ impl Trainer {
     }
 
     /// [`Trainer::resume`] from a checkpoint already read; `path` names it in errors.
-    pub fn from_checkpoint(loaded: checkpoint::Loaded, device: &Arc<dyn Device>, options: TrainOptions, path: &Path) -> Result<Self> {
-        let weights = Transformer::from_host_tensors(&loaded.config, &loaded.model, &path.display().to_string(), device, DType::F32)?;
+    pub fn from_checkpoint(
+        loaded: checkpoint::Loaded,
+        device: &Arc<dyn Device>,
+        options: TrainOptions,
+        path: &Path,
+    ) -> Result<Self> {
+        let weights = Transformer::from_host_tensors(
+            &loaded.config,
+            &loaded.model,
+            &path.display().to_string(),
+            device,
+            DType::F32,
+        )?;
         let mut trainer = Trainer::assemble(weights, options, loaded.state)?;
         trainer.optimizer.load_state(&loaded.optimizer)?;
         if trainer.optimizer.steps() != trainer.state.step {
-            return Err(Error::format(path.display().to_string(), "optimizer and training step counts differ"));
+            return Err(Error::format(
+                path.display().to_string(),
+                "optimizer and training step counts differ",
+            ));
         }
         Ok(trainer)
     }

@@ -63,12 +63,29 @@ pub struct GenerateArgs {
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let device = super::open_device(args.device.as_deref())?;
     let (model, trained_with) = if args.model.is_dir() {
-        (Transformer::from_hf_dir(&args.model, &device, DType::F32)?, None)
+        (
+            Transformer::from_hf_dir(&args.model, &device, DType::F32)?,
+            None,
+        )
     } else {
         let loaded = checkpoint::load(&args.model)?;
-        let tokenizer = loaded.state.run.get("tokenizer").and_then(|t| t.as_str()).map(str::to_string);
+        let tokenizer = loaded
+            .state
+            .run
+            .get("tokenizer")
+            .and_then(|t| t.as_str())
+            .map(str::to_string);
         let origin = args.model.display().to_string();
-        (Transformer::from_host_tensors(&loaded.config, &loaded.model, &origin, &device, DType::F32)?, tokenizer)
+        (
+            Transformer::from_host_tensors(
+                &loaded.config,
+                &loaded.model,
+                &origin,
+                &device,
+                DType::F32,
+            )?,
+            tokenizer,
+        )
     };
     let vocab = model.config.vocab_size;
     let choice = match (args.tokenizer, trained_with.as_deref()) {
@@ -77,7 +94,12 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         (TokenizerChoice::Auto, Some("addition")) => TokenizerChoice::Addition,
         (TokenizerChoice::Auto, _) if vocab == 50257 => TokenizerChoice::Gpt2,
         (TokenizerChoice::Auto, _) if args.ids.is_empty() => {
-            return Err(invalid("generate", format!("cannot tell the tokenizer of a {vocab}-token model: pass --tokenizer or --ids")));
+            return Err(invalid(
+                "generate",
+                format!(
+                    "cannot tell the tokenizer of a {vocab}-token model: pass --tokenizer or --ids"
+                ),
+            ));
         }
         (other, _) => other,
     };
@@ -89,13 +111,22 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     };
     if let Some(t) = &tokenizer {
         if t.vocab_size() > vocab {
-            return Err(invalid("generate", format!("the {} tokenizer has {} tokens but the model only {vocab}", t.name(), t.vocab_size())));
+            return Err(invalid(
+                "generate",
+                format!(
+                    "the {} tokenizer has {} tokens but the model only {vocab}",
+                    t.name(),
+                    t.vocab_size()
+                ),
+            ));
         }
     }
     let prompt: Vec<u32> = if !args.ids.is_empty() {
         args.ids.clone()
     } else {
-        let t = tokenizer.as_ref().ok_or_else(|| invalid("generate", "give --ids or a tokenizer for --prompt"))?;
+        let t = tokenizer
+            .as_ref()
+            .ok_or_else(|| invalid("generate", "give --ids or a tokenizer for --prompt"))?;
         let mut ids = t.encode(&args.prompt);
         if ids.is_empty() {
             ids = model.config.bos_token_id.or(t.eos()).into_iter().collect();
@@ -103,14 +134,21 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         ids
     };
     if prompt.is_empty() {
-        return Err(invalid("generate", "the prompt is empty and the model has no beginning-of-text token"));
+        return Err(invalid(
+            "generate",
+            "the prompt is empty and the model has no beginning-of-text token",
+        ));
     }
     let mut stop = args.stop.clone();
     stop.extend(model.config.eos_token_id);
     stop.extend(tokenizer.as_ref().and_then(|t| t.eos()));
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
-        sampling: Sampling { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p },
+        sampling: Sampling {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+        },
         stop_tokens: stop,
     };
     let mut stdout = std::io::stdout();
@@ -123,11 +161,20 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             Some(t) => t.decode(&[token]),
             None => format!(" {token}"),
         };
-        if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+        if let Err(e) = stdout
+            .write_all(piece.as_bytes())
+            .and_then(|_| stdout.flush())
+        {
             write_err.get_or_insert(e);
         }
     };
-    generate(&model, &prompt, &options, &mut RngState::new(args.seed), &mut emit)?;
+    generate(
+        &model,
+        &prompt,
+        &options,
+        &mut RngState::new(args.seed),
+        &mut emit,
+    )?;
     println!();
     match write_err {
         Some(e) => Err(Error::io("stdout", e)),

@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand};
 use crate::{Error, Result};
 
 #[derive(Parser, Debug)]
-#[command(name = "tessera", version, about = "Train and run transformer language models on any GPU")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Train and run transformer language models on any GPU"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -38,7 +42,10 @@ pub fn run(cli: Cli) -> Result<()> {
 }
 
 fn devices() -> Result<()> {
-    println!("backends compiled in: {}", crate::compiled_backends().join(", "));
+    println!(
+        "backends compiled in: {}",
+        crate::compiled_backends().join(", ")
+    );
     let list = crate::devices();
     if list.is_empty() {
         println!("no devices present");

@@ -10,7 +10,10 @@ pub fn write_svg(path: &Path, title: &str, series: &[(&str, &[(f64, f64)])]) -> 
     const H: f64 = 420.0;
     const PAD: f64 = 56.0;
     const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let points = series.iter().flat_map(|(_, p)| p.iter()).filter(|(x, y)| x.is_finite() && y.is_finite());
+    let points = series
+        .iter()
+        .flat_map(|(_, p)| p.iter())
+        .filter(|(x, y)| x.is_finite() && y.is_finite());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in points {
         x0 = x0.min(x);
@@ -43,16 +46,39 @@ pub fn write_svg(path: &Path, title: &str, series: &[(&str, &[(f64, f64)])]) -> 
         H - PAD
     );
     for i in 0..=4 {
-        let (fx, fy) = (x0 + (x1 - x0) * i as f64 / 4.0, y0 + (y1 - y0) * i as f64 / 4.0);
-        svg += &format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n", sx(fx), H - PAD + 18.0, fx.round());
-        svg += &format!("<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.3}</text>\n", PAD - 6.0, sy(fy) + 4.0, fy);
+        let (fx, fy) = (
+            x0 + (x1 - x0) * i as f64 / 4.0,
+            y0 + (y1 - y0) * i as f64 / 4.0,
+        );
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+            sx(fx),
+            H - PAD + 18.0,
+            fx.round()
+        );
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.3}</text>\n",
+            PAD - 6.0,
+            sy(fy) + 4.0,
+            fy
+        );
     }
-    svg += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n", W / 2.0, H - 12.0);
+    svg += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
+        W / 2.0,
+        H - 12.0
+    );
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let path: Vec<String> =
-            pts.iter().filter(|(x, y)| x.is_finite() && y.is_finite()).map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
-        svg += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n", path.join(" "));
+        let path: Vec<String> = pts
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect();
+        svg += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+            path.join(" ")
+        );
         svg += &format!(
             "<text x=\"{}\" y=\"{}\" fill=\"{color}\" text-anchor=\"end\">{}</text>\n",
             W - PAD,
@@ -65,5 +91,7 @@ pub fn write_svg(path: &Path, title: &str, series: &[(&str, &[(f64, f64)])]) -> 
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

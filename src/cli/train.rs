@@ -11,7 +11,9 @@ use serde_json::json;
 
 use super::invalid;
 use crate::checkpoint;
-use crate::data::{AdditionTask, ByteTokenizer, Gpt2Tokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR};
+use crate::data::{
+    AdditionTask, ByteTokenizer, Gpt2Tokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR,
+};
 use crate::generate::greedy_batch;
 use crate::models::{Transformer, TransformerConfig};
 use crate::optim::Schedule;
@@ -169,14 +171,28 @@ impl Task {
                     TokenizerArg::Byte => Box::new(ByteTokenizer),
                     TokenizerArg::Gpt2 => Box::new(Gpt2Tokenizer::new()?),
                 };
-                let data = TextDataset::from_file(path, tokenizer.as_ref(), crate::data::DEFAULT_VAL_FRACTION)?;
-                let name = if args.tokenizer == TokenizerArg::Byte { "byte" } else { "gpt2" };
+                let data = TextDataset::from_file(
+                    path,
+                    tokenizer.as_ref(),
+                    crate::data::DEFAULT_VAL_FRACTION,
+                )?;
+                let name = if args.tokenizer == TokenizerArg::Byte {
+                    "byte"
+                } else {
+                    "gpt2"
+                };
                 Ok((Task::Text(data), tokenizer.vocab_size(), args.seq, name))
             }
         }
     }
 
-    fn batch(&self, batch: usize, seq: usize, rng: &mut RngState, device: &Arc<dyn Device>) -> Result<(Tensor, Tensor)> {
+    fn batch(
+        &self,
+        batch: usize,
+        seq: usize,
+        rng: &mut RngState,
+        device: &Arc<dyn Device>,
+    ) -> Result<(Tensor, Tensor)> {
         let (inputs, targets) = match self {
             Task::Addition(t) => {
                 let (i, t, _) = t.sample_batch(batch, rng);
@@ -184,23 +200,44 @@ impl Task {
             }
             Task::Text(d) => d.batch(Split::Train, batch, seq, rng)?,
         };
-        Ok((Tensor::from_slice(&inputs, &[batch, seq], device)?, Tensor::from_slice(&targets, &[batch, seq], device)?))
+        Ok((
+            Tensor::from_slice(&inputs, &[batch, seq], device)?,
+            Tensor::from_slice(&targets, &[batch, seq], device)?,
+        ))
     }
 }
 
 fn validate(args: &TrainArgs) -> Result<()> {
-    let positive = [("--layers", args.layers), ("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch), ("--accum", args.accum)];
+    let positive = [
+        ("--layers", args.layers),
+        ("--d-model", args.d_model),
+        ("--heads", args.heads),
+        ("--batch", args.batch),
+        ("--accum", args.accum),
+    ];
     if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(invalid("train", format!("{name} must be at least 1")));
     }
     if !args.d_model.is_multiple_of(args.heads) {
-        return Err(invalid("train", format!("--d-model {} is not divisible by --heads {}", args.d_model, args.heads)));
+        return Err(invalid(
+            "train",
+            format!(
+                "--d-model {} is not divisible by --heads {}",
+                args.d_model, args.heads
+            ),
+        ));
     }
     if !(args.lr > 0.0 && args.lr.is_finite()) || args.weight_decay < 0.0 || args.grad_clip < 0.0 {
-        return Err(invalid("train", "--lr must be positive; --weight-decay and --grad-clip must be >= 0"));
+        return Err(invalid(
+            "train",
+            "--lr must be positive; --weight-decay and --grad-clip must be >= 0",
+        ));
     }
     if args.eval_every == 0 || args.checkpoint_every == 0 || args.log_every == 0 {
-        return Err(invalid("train", "--eval-every, --checkpoint-every and --log-every must be at least 1"));
+        return Err(invalid(
+            "train",
+            "--eval-every, --checkpoint-every and --log-every must be at least 1",
+        ));
     }
     if args.data.is_some() && args.seq < 2 {
         return Err(invalid("train", "--seq must be at least 2"));
@@ -212,13 +249,22 @@ fn model_config(args: &TrainArgs, vocab: usize, seq: usize) -> TransformerConfig
     let positions = seq.max(16);
     match args.family {
         FamilyArg::Gpt2 => {
-            let mut c = TransformerConfig::gpt2(vocab, positions, args.d_model, args.layers, args.heads);
+            let mut c =
+                TransformerConfig::gpt2(vocab, positions, args.d_model, args.layers, args.heads);
             c.d_ff = args.d_ff.unwrap_or(4 * args.d_model);
             c
         }
         FamilyArg::Llama => {
             let d_ff = args.d_ff.unwrap_or((8 * args.d_model / 3).div_ceil(8) * 8);
-            TransformerConfig::llama(vocab, positions, args.d_model, args.layers, args.heads, args.kv_heads.unwrap_or(args.heads), d_ff)
+            TransformerConfig::llama(
+                vocab,
+                positions,
+                args.d_model,
+                args.layers,
+                args.heads,
+                args.kv_heads.unwrap_or(args.heads),
+                d_ff,
+            )
         }
     }
 }
@@ -230,7 +276,12 @@ fn options(args: &TrainArgs) -> TrainOptions {
         PrecisionArg::F16 => Precision::F16,
     };
     TrainOptions {
-        schedule: Schedule { peak: args.lr, min_lr: args.min_lr.unwrap_or(args.lr / 10.0), warmup: args.warmup, total: args.steps },
+        schedule: Schedule {
+            peak: args.lr,
+            min_lr: args.min_lr.unwrap_or(args.lr / 10.0),
+            warmup: args.warmup,
+            total: args.steps,
+        },
         weight_decay: args.weight_decay,
         betas: (0.9, 0.98),
         eps: 1e-8,
@@ -242,10 +293,18 @@ fn options(args: &TrainArgs) -> TrainOptions {
 /// The options a run uses: a resumed run's stored options, with this invocation's steps,
 /// device and output settings.
 fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loaded>)> {
-    let Some(path) = &args.resume else { return Ok((args.clone(), None)) };
+    let Some(path) = &args.resume else {
+        return Ok((args.clone(), None));
+    };
     let loaded = checkpoint::load(path)?;
-    let stored = loaded.state.run.get("args").cloned().ok_or_else(|| Error::format(path.display().to_string(), "checkpoint holds no training options"))?;
-    let mut merged: TrainArgs = serde_json::from_value(stored).map_err(|e| Error::format(path.display().to_string(), format!("training options: {e}")))?;
+    let stored = loaded.state.run.get("args").cloned().ok_or_else(|| {
+        Error::format(
+            path.display().to_string(),
+            "checkpoint holds no training options",
+        )
+    })?;
+    let mut merged: TrainArgs = serde_json::from_value(stored)
+        .map_err(|e| Error::format(path.display().to_string(), format!("training options: {e}")))?;
     merged.steps = args.steps;
     merged.device.clone_from(&args.device);
     merged.out.clone_from(&args.out);
@@ -262,13 +321,24 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     let device = super::open_device(args.device.as_deref())?;
     let (task, vocab, seq, tokenizer) = Task::load(&args)?;
     let mut trainer = match resumed {
-        Some(loaded) => Trainer::from_checkpoint(loaded, &device, options(&args), &args.resume.clone().unwrap_or_default())?,
+        Some(loaded) => Trainer::from_checkpoint(
+            loaded,
+            &device,
+            options(&args),
+            &args.resume.clone().unwrap_or_default(),
+        )?,
         None => {
             let config = model_config(&args, vocab, seq);
             let mut rng = RngState::new(args.seed);
             let model = Transformer::new(&config, &device, DType::F32, &mut rng)?;
             let run = json!({ "args": args, "tokenizer": tokenizer });
-            Trainer::new(model, options(&args), rng, RngState::new(args.seed ^ 0xda7a_5eed), run)?
+            Trainer::new(
+                model,
+                options(&args),
+                rng,
+                RngState::new(args.seed ^ 0xda7a_5eed),
+                run,
+            )?
         }
     };
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io(&args.out, e))?;
@@ -280,10 +350,15 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         .append(true)
         .open(&metrics_path)
         .map_err(|e| Error::io(&metrics_path, e))?;
-    let mut log = |value: serde_json::Value| -> Result<()> { writeln!(metrics, "{value}").map_err(|e| Error::io(&metrics_path, e)) };
+    let mut log = |value: serde_json::Value| -> Result<()> {
+        writeln!(metrics, "{value}").map_err(|e| Error::io(&metrics_path, e))
+    };
 
     let info = device.info();
-    let params: usize = crate::nn::parameters(trainer.weights()).iter().map(|(_, t)| t.numel()).sum();
+    let params: usize = crate::nn::parameters(trainer.weights())
+        .iter()
+        .map(|(_, t)| t.numel())
+        .sum();
     println!(
         "training {} ({} parameters) on {} ({}), {} tokens per step, {} precision",
         match &task {
@@ -300,7 +375,9 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     let start = Instant::now();
     let (mut last_loss, mut accuracy, mut val_loss) = (f64::NAN, None, None);
     let mut window = (Instant::now(), trainer.state.step);
-    let halt_at = args.halt_after.map_or(args.steps, |n| (trainer.state.step + n).min(args.steps));
+    let halt_at = args
+        .halt_after
+        .map_or(args.steps, |n| (trainer.state.step + n).min(args.steps));
     while trainer.state.step < halt_at {
         let mut micro = Vec::with_capacity(args.accum);
         for _ in 0..args.accum {
@@ -309,7 +386,10 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         let report = trainer.step(&micro)?;
         let step = trainer.state.step;
         if report.skipped {
-            println!("step {step}: gradients not finite, update skipped; loss scale now {}", trainer.state.loss_scale);
+            println!(
+                "step {step}: gradients not finite, update skipped; loss scale now {}",
+                trainer.state.loss_scale
+            );
         }
         if step % args.log_every == 0 || step == args.steps {
             last_loss = report.loss.item()?;
@@ -317,18 +397,28 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
             let tokens = ((step - window.1) as usize * args.batch * seq * args.accum) as f64;
             let tokens_per_s = if elapsed > 0.0 { tokens / elapsed } else { 0.0 };
             window = (Instant::now(), step);
-            log(json!({ "step": step, "loss": last_loss, "lr": report.lr, "grad_norm": report.grad_norm.item()?,
-                        "tokens_per_s": tokens_per_s, "elapsed_s": start.elapsed().as_secs_f64() }))?;
+            log(
+                json!({ "step": step, "loss": last_loss, "lr": report.lr, "grad_norm": report.grad_norm.item()?,
+                        "tokens_per_s": tokens_per_s, "elapsed_s": start.elapsed().as_secs_f64() }),
+            )?;
             bar.set_position(step);
             bar.set_message(format!("loss {last_loss:.4}  {tokens_per_s:.0} tok/s"));
         }
         let last = step == args.steps;
         if step % args.eval_every == 0 || last {
-            let (line, reached) = evaluate(&task, &trainer, &args, seq, &mut accuracy, &mut val_loss)?;
-            log(json!({ "step": step, "eval": line.clone(), "elapsed_s": start.elapsed().as_secs_f64() }))?;
+            let (line, reached) =
+                evaluate(&task, &trainer, &args, seq, &mut accuracy, &mut val_loss)?;
+            log(
+                json!({ "step": step, "eval": line.clone(), "elapsed_s": start.elapsed().as_secs_f64() }),
+            )?;
             bar.suspend(|| println!("step {step}: {}", describe(&line)));
             if reached && !args.no_early_stop {
-                bar.suspend(|| println!("reached the success bar ({:.0}% exact match) at step {step}", SUCCESS_BAR * 100.0));
+                bar.suspend(|| {
+                    println!(
+                        "reached the success bar ({:.0}% exact match) at step {step}",
+                        SUCCESS_BAR * 100.0
+                    )
+                });
                 break;
             }
         }
@@ -340,14 +430,34 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     trainer.save(&checkpoint_path)?;
     plot(&metrics_path, &plot_path)?;
     if let (Task::Addition(_), Some(acc)) = (&task, accuracy) {
-        let verdict = if acc >= SUCCESS_BAR { "reached" } else { "did not reach" };
-        println!("held-out exact match {:.1}%: {verdict} the success bar of {:.0}%", acc * 100.0, SUCCESS_BAR * 100.0);
+        let verdict = if acc >= SUCCESS_BAR {
+            "reached"
+        } else {
+            "did not reach"
+        };
+        println!(
+            "held-out exact match {:.1}%: {verdict} the success bar of {:.0}%",
+            acc * 100.0,
+            SUCCESS_BAR * 100.0
+        );
     }
-    println!("trained {} steps in {:.1} s; final loss {last_loss:.4}", trainer.state.step, start.elapsed().as_secs_f64());
+    println!(
+        "trained {} steps in {:.1} s; final loss {last_loss:.4}",
+        trainer.state.step,
+        start.elapsed().as_secs_f64()
+    );
     println!("checkpoint: {}", checkpoint_path.display());
     println!("loss plot:  {}", plot_path.display());
     println!("metrics:    {}", metrics_path.display());
-    Ok(TrainSummary { checkpoint: checkpoint_path, plot: plot_path, metrics: metrics_path, steps: trainer.state.step, final_loss: last_loss, accuracy, validation_loss: val_loss })
+    Ok(TrainSummary {
+        checkpoint: checkpoint_path,
+        plot: plot_path,
+        metrics: metrics_path,
+        steps: trainer.state.step,
+        final_loss: last_loss,
+        accuracy,
+        validation_loss: val_loss,
+    })
 }
 
 fn progress_bar(args: &TrainArgs, position: u64) -> indicatif::ProgressBar {
@@ -355,7 +465,9 @@ fn progress_bar(args: &TrainArgs, position: u64) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(args.steps).with_position(position);
-    if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps [{elapsed_precise}] {msg}") {
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} steps [{elapsed_precise}] {msg}",
+    ) {
         bar.set_style(style);
     }
     bar
@@ -376,11 +488,17 @@ fn evaluate(
     match task {
         Task::Addition(t) => {
             let problems = t.heldout_problems(t.eval_size());
-            let prompts: Vec<Vec<u32>> = problems.iter().map(|&(a, b)| t.encode_problem(a, b)).collect();
+            let prompts: Vec<Vec<u32>> = problems
+                .iter()
+                .map(|&(a, b)| t.encode_problem(a, b))
+                .collect();
             let mut answers = greedy_batch(model, &prompts, t.answer_len())?.into_iter();
             let acc = t.score_problems(&problems, |_| answers.next().unwrap_or_default());
             *accuracy = Some(acc);
-            Ok((json!({ "heldout_exact_match": acc, "problems": problems.len() }), acc >= SUCCESS_BAR))
+            Ok((
+                json!({ "heldout_exact_match": acc, "problems": problems.len() }),
+                acc >= SUCCESS_BAR,
+            ))
         }
         Task::Text(d) => {
             let mut rng = RngState::new(0x7661_6c69_6461_7465);
@@ -414,7 +532,9 @@ fn plot(metrics: &Path, out: &Path) -> Result<()> {
     let text = std::fs::read_to_string(metrics).map_err(|e| Error::io(metrics, e))?;
     let (mut train, mut val, mut acc) = (Vec::new(), Vec::new(), Vec::new());
     for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         let step = v.get("step").and_then(|s| s.as_f64()).unwrap_or(0.0);
         if let Some(l) = v.get("loss").and_then(|l| l.as_f64()) {
             train.push((step, l));

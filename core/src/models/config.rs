@@ -40,7 +40,13 @@ pub struct TransformerConfig {
 
 impl TransformerConfig {
     /// A GPT-2 shaped model (`d_ff = 4 d_model`, tied embeddings).
-    pub fn gpt2(vocab_size: usize, max_positions: usize, d_model: usize, n_layer: usize, n_head: usize) -> Self {
+    pub fn gpt2(
+        vocab_size: usize,
+        max_positions: usize,
+        d_model: usize,
+        n_layer: usize,
+        n_head: usize,
+    ) -> Self {
         TransformerConfig {
             family: Family::Gpt2,
             vocab_size,
@@ -62,7 +68,15 @@ impl TransformerConfig {
     }
 
     /// A Llama shaped model.
-    pub fn llama(vocab_size: usize, max_positions: usize, d_model: usize, n_layer: usize, n_head: usize, n_kv_head: usize, d_ff: usize) -> Self {
+    pub fn llama(
+        vocab_size: usize,
+        max_positions: usize,
+        d_model: usize,
+        n_layer: usize,
+        n_head: usize,
+        n_kv_head: usize,
+        d_ff: usize,
+    ) -> Self {
         TransformerConfig {
             family: Family::Llama,
             n_kv_head,
@@ -77,23 +91,47 @@ impl TransformerConfig {
 
     /// GPT-2 124M (the benchmark model).
     pub fn gpt2_small() -> Self {
-        TransformerConfig { bos_token_id: Some(50256), eos_token_id: Some(50256), ..TransformerConfig::gpt2(50257, 1024, 768, 12, 12) }
+        TransformerConfig {
+            bos_token_id: Some(50256),
+            eos_token_id: Some(50256),
+            ..TransformerConfig::gpt2(50257, 1024, 768, 12, 12)
+        }
     }
 
     /// Checks that the shapes fit together.
     pub fn validate(&self, origin: &str) -> Result<()> {
         let bad = |m: String| Err(Error::format(origin, m));
-        if [self.vocab_size, self.max_positions, self.d_model, self.n_layer, self.n_head, self.n_kv_head, self.head_dim, self.d_ff].contains(&0) {
+        if [
+            self.vocab_size,
+            self.max_positions,
+            self.d_model,
+            self.n_layer,
+            self.n_head,
+            self.n_kv_head,
+            self.head_dim,
+            self.d_ff,
+        ]
+        .contains(&0)
+        {
             return bad(format!("every size must be positive: {self:?}"));
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
-            return bad(format!("{} heads are not a multiple of {} key/value heads", self.n_head, self.n_kv_head));
+            return bad(format!(
+                "{} heads are not a multiple of {} key/value heads",
+                self.n_head, self.n_kv_head
+            ));
         }
         if self.family == Family::Gpt2 && self.n_head * self.head_dim != self.d_model {
-            return bad(format!("GPT-2 needs n_embd {} divisible by n_head {}", self.d_model, self.n_head));
+            return bad(format!(
+                "GPT-2 needs n_embd {} divisible by n_head {}",
+                self.d_model, self.n_head
+            ));
         }
         if self.family == Family::Llama && !self.head_dim.is_multiple_of(2) {
-            return bad(format!("rotary embeddings need an even head_dim; got {}", self.head_dim));
+            return bad(format!(
+                "rotary embeddings need an even head_dim; got {}",
+                self.head_dim
+            ));
         }
         if !(self.norm_eps >= 0.0 && self.rope_theta > 0.0) {
             return bad("norm epsilon must be >= 0 and rope theta > 0".into());
@@ -108,7 +146,8 @@ impl TransformerConfig {
     }
 
     pub fn from_hf_str(text: &str, origin: &str) -> Result<Self> {
-        let v: Value = serde_json::from_str(text).map_err(|e| Error::format(origin, format!("invalid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::format(origin, format!("invalid JSON: {e}")))?;
         let get = |key: &str| v.get(key).filter(|x| !x.is_null());
         let size = |key: &str| -> Result<usize> {
             get(key)
@@ -123,15 +162,28 @@ impl TransformerConfig {
         let model_type = get("model_type").and_then(Value::as_str).unwrap_or("");
         let cfg = match model_type {
             "gpt2" => {
-                let act = get("activation_function").and_then(Value::as_str).unwrap_or("gelu_new");
+                let act = get("activation_function")
+                    .and_then(Value::as_str)
+                    .unwrap_or("gelu_new");
                 if !matches!(act, "gelu_new" | "gelu_pytorch_tanh") {
                     return Err(Error::format(origin, format!("activation `{act}` is not supported (GPT-2 models here use the tanh GELU)")));
                 }
-                if flag("scale_attn_by_inverse_layer_idx", false) || !flag("scale_attn_weights", true) {
-                    return Err(Error::format(origin, "only GPT-2's standard 1/sqrt(head_dim) attention scaling is supported"));
+                if flag("scale_attn_by_inverse_layer_idx", false)
+                    || !flag("scale_attn_weights", true)
+                {
+                    return Err(Error::format(
+                        origin,
+                        "only GPT-2's standard 1/sqrt(head_dim) attention scaling is supported",
+                    ));
                 }
                 let d = size("n_embd")?;
-                let mut c = TransformerConfig::gpt2(size("vocab_size")?, size("n_positions")?, d, size("n_layer")?, size("n_head")?);
+                let mut c = TransformerConfig::gpt2(
+                    size("vocab_size")?,
+                    size("n_positions")?,
+                    d,
+                    size("n_layer")?,
+                    size("n_head")?,
+                );
                 c.d_ff = opt_size("n_inner").unwrap_or(4 * d);
                 c.norm_eps = float("layer_norm_epsilon", 1e-5);
                 c.tie_embeddings = flag("tie_word_embeddings", true);
@@ -142,7 +194,10 @@ impl TransformerConfig {
             "llama" => {
                 let act = get("hidden_act").and_then(Value::as_str).unwrap_or("silu");
                 if act != "silu" {
-                    return Err(Error::format(origin, format!("hidden_act `{act}` is not supported (Llama models here use SiLU)")));
+                    return Err(Error::format(
+                        origin,
+                        format!("hidden_act `{act}` is not supported (Llama models here use SiLU)"),
+                    ));
                 }
                 let (d, heads) = (size("hidden_size")?, size("num_attention_heads")?);
                 let mut c = TransformerConfig::llama(
@@ -157,9 +212,15 @@ impl TransformerConfig {
                 c.head_dim = opt_size("head_dim").unwrap_or(d / heads.max(1));
                 c.norm_eps = float("rms_norm_eps", 1e-6);
                 let rope = get("rope_parameters").or_else(|| get("rope_scaling"));
-                if let Some(kind) = rope.and_then(|r| r.get("rope_type")).and_then(Value::as_str) {
+                if let Some(kind) = rope
+                    .and_then(|r| r.get("rope_type"))
+                    .and_then(Value::as_str)
+                {
                     if kind != "default" {
-                        return Err(Error::format(origin, format!("rope_type `{kind}` is not supported")));
+                        return Err(Error::format(
+                            origin,
+                            format!("rope_type `{kind}` is not supported"),
+                        ));
                     }
                 }
                 c.rope_theta = rope
@@ -174,7 +235,12 @@ impl TransformerConfig {
                 c.eos_token_id = token("eos_token_id");
                 c
             }
-            other => return Err(Error::format(origin, format!("model_type `{other}` is not supported (gpt2, llama)"))),
+            other => {
+                return Err(Error::format(
+                    origin,
+                    format!("model_type `{other}` is not supported (gpt2, llama)"),
+                ))
+            }
         };
         cfg.validate(origin)?;
         Ok(cfg)

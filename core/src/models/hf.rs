@@ -15,7 +15,10 @@ use crate::nn::parameters;
 use crate::{DType, Device, Error, Result, Tensor};
 
 fn is_conv1d(family: Family, name: &str) -> bool {
-    family == Family::Gpt2 && [".c_attn.weight", ".c_proj.weight", ".c_fc.weight"].iter().any(|s| name.ends_with(s))
+    family == Family::Gpt2
+        && [".c_attn.weight", ".c_proj.weight", ".c_fc.weight"]
+            .iter()
+            .any(|s| name.ends_with(s))
 }
 
 /// The 2-D transpose of a host tensor of any dtype.
@@ -28,7 +31,11 @@ fn transpose_2d(t: &HostTensor) -> HostTensor {
             bytes[dst..dst + size].copy_from_slice(&t.bytes[src..src + size]);
         }
     }
-    HostTensor { dtype: t.dtype, shape: vec![cols, rows], bytes }
+    HostTensor {
+        dtype: t.dtype,
+        shape: vec![cols, rows],
+        bytes,
+    }
 }
 
 impl Transformer {
@@ -39,7 +46,12 @@ impl Transformer {
     }
 
     /// Builds a model of `config` with the weights of a safetensors file.
-    pub fn from_safetensors(config: &TransformerConfig, path: &Path, device: &Arc<dyn Device>, dtype: DType) -> Result<Self> {
+    pub fn from_safetensors(
+        config: &TransformerConfig,
+        path: &Path,
+        device: &Arc<dyn Device>,
+        dtype: DType,
+    ) -> Result<Self> {
         let tensors = io::load(path)?;
         Transformer::from_host_tensors(config, &tensors, &path.display().to_string(), device, dtype)
     }
@@ -58,16 +70,36 @@ impl Transformer {
         let mut source = |name: &str, shape: &[usize], _: InitKind| -> Result<Tensor> {
             let stored = tensors
                 .get(name)
-                .or_else(|| name.strip_prefix("transformer.").and_then(|short| tensors.get(short)))
+                .or_else(|| {
+                    name.strip_prefix("transformer.")
+                        .and_then(|short| tensors.get(short))
+                })
                 .ok_or_else(|| Error::format(origin, format!("missing tensor `{name}`")))?;
             if !stored.dtype.is_float() {
-                return Err(Error::format(origin, format!("`{name}` is {}, not a float type", stored.dtype)));
+                return Err(Error::format(
+                    origin,
+                    format!("`{name}` is {}, not a float type", stored.dtype),
+                ));
             }
             let conv = is_conv1d(family, name) && stored.shape.len() == 2;
-            let oriented = if conv { transpose_2d(stored) } else { stored.clone() };
+            let oriented = if conv {
+                transpose_2d(stored)
+            } else {
+                stored.clone()
+            };
             if oriented.shape != shape {
-                let want: Vec<usize> = if conv { shape.iter().rev().copied().collect() } else { shape.to_vec() };
-                return Err(Error::format(origin, format!("`{name}` has shape {:?}, the config needs {want:?}", stored.shape)));
+                let want: Vec<usize> = if conv {
+                    shape.iter().rev().copied().collect()
+                } else {
+                    shape.to_vec()
+                };
+                return Err(Error::format(
+                    origin,
+                    format!(
+                        "`{name}` has shape {:?}, the config needs {want:?}",
+                        stored.shape
+                    ),
+                ));
             }
             Ok(oriented.to_tensor(device)?.to_dtype(dtype)?.requires_grad())
         };
@@ -76,7 +108,10 @@ impl Transformer {
 
     /// Every parameter in Hugging Face layout and names.
     pub fn state_dict(&self) -> Result<BTreeMap<String, HostTensor>> {
-        parameters(self).into_iter().map(|(name, t)| Ok((name.clone(), self.to_hf_layout(&name, &t)?))).collect()
+        parameters(self)
+            .into_iter()
+            .map(|(name, t)| Ok((name.clone(), self.to_hf_layout(&name, &t)?)))
+            .collect()
     }
 
     /// Every accumulated gradient in Hugging Face layout and names (parameters without a
@@ -101,14 +136,23 @@ impl Transformer {
 
     fn to_hf_layout(&self, name: &str, t: &Tensor) -> Result<HostTensor> {
         let host = HostTensor::from_tensor(t)?;
-        Ok(if is_conv1d(self.config.family, name) { transpose_2d(&host) } else { host })
+        Ok(if is_conv1d(self.config.family, name) {
+            transpose_2d(&host)
+        } else {
+            host
+        })
     }
 
     /// Writes `dir/config.json` and `dir/model.safetensors` (each atomically).
     pub fn save_hf(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let config = serde_json::to_string_pretty(&self.config.to_hf_json()).map_err(|e| Error::format(dir.display().to_string(), e.to_string()))?;
+        let config = serde_json::to_string_pretty(&self.config.to_hf_json())
+            .map_err(|e| Error::format(dir.display().to_string(), e.to_string()))?;
         io::write_atomic(&dir.join("config.json"), config.as_bytes())?;
-        io::save(&dir.join("model.safetensors"), &self.state_dict()?, &BTreeMap::new())
+        io::save(
+            &dir.join("model.safetensors"),
+            &self.state_dict()?,
+            &BTreeMap::new(),
+        )
     }
 }

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use super::{Family, TransformerConfig};
 use crate::nn::{
-    join, CausalSelfAttention, Embedding, FeedForward, KvCache, LayerNorm, Linear, Mlp, Module, Norm, QkvProjection, RmsNorm,
-    Rotary, SwiGluMlp,
+    join, CausalSelfAttention, Embedding, FeedForward, KvCache, LayerNorm, Linear, Mlp, Module,
+    Norm, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -31,7 +31,12 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn forward(&self, x: &Tensor, start: usize, cache: Option<&mut Option<(Tensor, Tensor)>>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        start: usize,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
         let x = x.add(&self.attn.forward(&self.norm1.forward(x)?, start, cache)?)?;
         x.add(&self.mlp.forward(&self.norm2.forward(&x)?)?)
     }
@@ -44,7 +49,11 @@ impl Module for Block {
         self.norm2.visit(&join(prefix, self.names[2]), f);
         self.mlp.visit(&join(prefix, self.names[3]), f);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         self.norm1.visit_mut(&join(prefix, self.names[0]), f)?;
         self.attn.visit_mut(&join(prefix, self.names[1]), f)?;
         self.norm2.visit_mut(&join(prefix, self.names[2]), f)?;
@@ -70,7 +79,12 @@ pub struct Transformer {
 impl Transformer {
     /// A randomly initialized model (GPT-2's scheme: normal(0, 0.02) weights, residual
     /// projections scaled by `1 / sqrt(2 n_layer)`, zero biases, unit norm weights).
-    pub fn new(config: &TransformerConfig, device: &Arc<dyn Device>, dtype: DType, rng: &mut crate::rng::RngState) -> Result<Self> {
+    pub fn new(
+        config: &TransformerConfig,
+        device: &Arc<dyn Device>,
+        dtype: DType,
+        rng: &mut crate::rng::RngState,
+    ) -> Result<Self> {
         let mut source = |_: &str, shape: &[usize], kind: InitKind| -> Result<Tensor> {
             let t = match kind {
                 InitKind::Normal(std) => Tensor::randn(shape, 0.0, std, dtype, rng, device)?,
@@ -83,35 +97,105 @@ impl Transformer {
     }
 
     /// Builds the model, asking `source` for every parameter by its Hugging Face name.
-    pub(crate) fn build(config: &TransformerConfig, device: &Arc<dyn Device>, dtype: DType, source: &mut ParamSource<'_>) -> Result<Self> {
+    pub(crate) fn build(
+        config: &TransformerConfig,
+        device: &Arc<dyn Device>,
+        dtype: DType,
+        source: &mut ParamSource<'_>,
+    ) -> Result<Self> {
         config.validate("config")?;
         let c = config;
         let gpt2 = c.family == Family::Gpt2;
         let top = if gpt2 { "transformer" } else { "model" };
         let mut p = Builder { source, config: c };
-        let rotary = if gpt2 { None } else { Some(Arc::new(Rotary::new(c.head_dim, c.max_positions, c.rope_theta, dtype, device)?)) };
+        let rotary = if gpt2 {
+            None
+        } else {
+            Some(Arc::new(Rotary::new(
+                c.head_dim,
+                c.max_positions,
+                c.rope_theta,
+                dtype,
+                device,
+            )?))
+        };
         let (d, hd) = (c.d_model, c.head_dim);
         let (std, resid_std) = (0.02, 0.02 / (2.0 * c.n_layer as f64).sqrt());
-        let embed = Embedding { weight: p.param(&join(top, if gpt2 { "wte.weight" } else { "embed_tokens.weight" }), &[c.vocab_size, d], InitKind::Normal(std))? };
-        let positions = if gpt2 { Some(Embedding { weight: p.param(&join(top, "wpe.weight"), &[c.max_positions, d], InitKind::Normal(std / 2.0))? }) } else { None };
+        let embed = Embedding {
+            weight: p.param(
+                &join(
+                    top,
+                    if gpt2 {
+                        "wte.weight"
+                    } else {
+                        "embed_tokens.weight"
+                    },
+                ),
+                &[c.vocab_size, d],
+                InitKind::Normal(std),
+            )?,
+        };
+        let positions = if gpt2 {
+            Some(Embedding {
+                weight: p.param(
+                    &join(top, "wpe.weight"),
+                    &[c.max_positions, d],
+                    InitKind::Normal(std / 2.0),
+                )?,
+            })
+        } else {
+            None
+        };
         let mut blocks = Vec::with_capacity(c.n_layer);
         for i in 0..c.n_layer {
             let prefix = join(top, &format!("{}.{i}", if gpt2 { "h" } else { "layers" }));
-            let names: [&'static str; 4] =
-                if gpt2 { ["ln_1", "attn", "ln_2", "mlp"] } else { ["input_layernorm", "self_attn", "post_attention_layernorm", "mlp"] };
+            let names: [&'static str; 4] = if gpt2 {
+                ["ln_1", "attn", "ln_2", "mlp"]
+            } else {
+                [
+                    "input_layernorm",
+                    "self_attn",
+                    "post_attention_layernorm",
+                    "mlp",
+                ]
+            };
             let (attn_p, mlp_p) = (join(&prefix, names[1]), join(&prefix, names[3]));
             let norm1 = p.norm(&join(&prefix, names[0]))?;
             let qkv = if gpt2 {
                 QkvProjection::Fused(p.linear(&join(&attn_p, "c_attn"), d, 3 * d, true, std)?)
             } else {
                 QkvProjection::Split {
-                    q: p.linear(&join(&attn_p, "q_proj"), d, c.n_head * hd, c.attention_bias, std)?,
-                    k: p.linear(&join(&attn_p, "k_proj"), d, c.n_kv_head * hd, c.attention_bias, std)?,
-                    v: p.linear(&join(&attn_p, "v_proj"), d, c.n_kv_head * hd, c.attention_bias, std)?,
+                    q: p.linear(
+                        &join(&attn_p, "q_proj"),
+                        d,
+                        c.n_head * hd,
+                        c.attention_bias,
+                        std,
+                    )?,
+                    k: p.linear(
+                        &join(&attn_p, "k_proj"),
+                        d,
+                        c.n_kv_head * hd,
+                        c.attention_bias,
+                        std,
+                    )?,
+                    v: p.linear(
+                        &join(&attn_p, "v_proj"),
+                        d,
+                        c.n_kv_head * hd,
+                        c.attention_bias,
+                        std,
+                    )?,
                 }
             };
             let out_name = if gpt2 { "c_proj" } else { "o_proj" };
-            let out = p.linear(&join(&attn_p, out_name), c.n_head * hd, d, gpt2 || c.attention_bias, resid_std)?;
+            let out = p.linear(
+                &join(&attn_p, out_name),
+                c.n_head * hd,
+                d,
+                gpt2 || c.attention_bias,
+                resid_std,
+            )?;
             let attn = CausalSelfAttention {
                 qkv,
                 out,
@@ -135,11 +219,31 @@ impl Transformer {
                     down: p.linear(&join(&mlp_p, "down_proj"), c.d_ff, d, c.mlp_bias, resid_std)?,
                 })
             };
-            blocks.push(Block { norm1, attn, norm2, mlp, names });
+            blocks.push(Block {
+                norm1,
+                attn,
+                norm2,
+                mlp,
+                names,
+            });
         }
         let norm = p.norm(&join(top, if gpt2 { "ln_f" } else { "norm" }))?;
-        let lm_head = if c.tie_embeddings { None } else { Some(p.linear("lm_head", d, c.vocab_size, false, std)?) };
-        Ok(Transformer { config: c.clone(), embed, positions, blocks, norm, lm_head, rotary, device: device.clone(), dtype })
+        let lm_head = if c.tie_embeddings {
+            None
+        } else {
+            Some(p.linear("lm_head", d, c.vocab_size, false, std)?)
+        };
+        Ok(Transformer {
+            config: c.clone(),
+            embed,
+            positions,
+            blocks,
+            norm,
+            lm_head,
+            rotary,
+            device: device.clone(),
+            dtype,
+        })
     }
 
     pub fn device(&self) -> &Arc<dyn Device> {
@@ -155,7 +259,13 @@ impl Transformer {
         crate::nn::to_device(self, device, dtype)?;
         if self.rotary.is_some() {
             let c = &self.config;
-            let rot = Arc::new(Rotary::new(c.head_dim, c.max_positions, c.rope_theta, dtype, device)?);
+            let rot = Arc::new(Rotary::new(
+                c.head_dim,
+                c.max_positions,
+                c.rope_theta,
+                dtype,
+                device,
+            )?);
             for b in &mut self.blocks {
                 b.attn.rotary = Some(rot.clone());
             }
@@ -170,14 +280,24 @@ impl Transformer {
     /// the cached positions and the cache grows by `T`.
     pub fn forward(&self, ids: &Tensor, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
         if ids.rank() != 2 || !ids.dtype().is_index() {
-            return Err(Error::shape("transformer", format!("token ids must be [B, T] i32 or u32; got {:?} {}", ids.shape(), ids.dtype())));
+            return Err(Error::shape(
+                "transformer",
+                format!(
+                    "token ids must be [B, T] i32 or u32; got {:?} {}",
+                    ids.shape(),
+                    ids.dtype()
+                ),
+            ));
         }
         let t = ids.shape()[1];
         let start = cache.as_ref().map_or(0, |c| c.len());
         if start + t > self.config.max_positions || t == 0 {
             return Err(Error::shape(
                 "transformer",
-                format!("{t} tokens after {start} cached ones: need 1..={} positions in total", self.config.max_positions),
+                format!(
+                    "{t} tokens after {start} cached ones: need 1..={} positions in total",
+                    self.config.max_positions
+                ),
             ));
         }
         let mut x = self.embed.forward(ids)?;
@@ -195,7 +315,10 @@ impl Transformer {
             x = block.forward(&x, start, slot)?;
         }
         let x = self.norm.forward(&x)?;
-        let head = self.lm_head.as_ref().map_or(&self.embed.weight, |l| &l.weight);
+        let head = self
+            .lm_head
+            .as_ref()
+            .map_or(&self.embed.weight, |l| &l.weight);
         x.linear(head, None)
     }
 
@@ -203,25 +326,46 @@ impl Transformer {
     /// `1..T`, as Hugging Face computes the loss with `labels = input_ids`.
     pub fn loss(&self, ids: &Tensor) -> Result<Tensor> {
         let &[b, t] = ids.shape() else {
-            return Err(Error::shape("loss", format!("token ids must be [B, T]; got {:?} {}", ids.shape(), ids.dtype())));
+            return Err(Error::shape(
+                "loss",
+                format!(
+                    "token ids must be [B, T]; got {:?} {}",
+                    ids.shape(),
+                    ids.dtype()
+                ),
+            ));
         };
         if t < 2 {
-            return Err(Error::shape("loss", format!("need at least 2 tokens per row; got {:?}", ids.shape())));
+            return Err(Error::shape(
+                "loss",
+                format!("need at least 2 tokens per row; got {:?}", ids.shape()),
+            ));
         }
         let logits = self.forward(&ids.narrow(1, 0, t - 1)?, None)?;
         let targets = ids.narrow(1, 1, t - 1)?.reshape(&[b * (t - 1)])?;
-        logits.reshape(&[b * (t - 1), self.config.vocab_size])?.cross_entropy(&targets)
+        logits
+            .reshape(&[b * (t - 1), self.config.vocab_size])?
+            .cross_entropy(&targets)
     }
 
     /// Mean cross-entropy of the logits of `inputs [B, T]` against `targets [B, T]`; targets
     /// outside the vocabulary are ignored.
     pub fn loss_with_targets(&self, inputs: &Tensor, targets: &Tensor) -> Result<Tensor> {
         if inputs.shape() != targets.shape() {
-            return Err(Error::shape("loss", format!("inputs {:?} and targets {:?} differ", inputs.shape(), targets.shape())));
+            return Err(Error::shape(
+                "loss",
+                format!(
+                    "inputs {:?} and targets {:?} differ",
+                    inputs.shape(),
+                    targets.shape()
+                ),
+            ));
         }
         let n = inputs.numel();
         let logits = self.forward(inputs, None)?;
-        logits.reshape(&[n, self.config.vocab_size])?.cross_entropy(&targets.reshape(&[n])?)
+        logits
+            .reshape(&[n, self.config.vocab_size])?
+            .cross_entropy(&targets.reshape(&[n])?)
     }
 }
 
@@ -236,10 +380,21 @@ impl Builder<'_, '_> {
         (self.source)(name, shape, kind)
     }
 
-    fn linear(&mut self, name: &str, d_in: usize, d_out: usize, bias: bool, std: f64) -> Result<Linear> {
+    fn linear(
+        &mut self,
+        name: &str,
+        d_in: usize,
+        d_out: usize,
+        bias: bool,
+        std: f64,
+    ) -> Result<Linear> {
         Ok(Linear {
             weight: self.param(&join(name, "weight"), &[d_out, d_in], InitKind::Normal(std))?,
-            bias: if bias { Some(self.param(&join(name, "bias"), &[d_out], InitKind::Zeros)?) } else { None },
+            bias: if bias {
+                Some(self.param(&join(name, "bias"), &[d_out], InitKind::Zeros)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -247,7 +402,11 @@ impl Builder<'_, '_> {
         let (d, eps) = (self.config.d_model, self.config.norm_eps);
         let weight = self.param(&join(name, "weight"), &[d], InitKind::Ones)?;
         Ok(match self.config.family {
-            Family::Gpt2 => Norm::Layer(LayerNorm { weight, bias: self.param(&join(name, "bias"), &[d], InitKind::Zeros)?, eps }),
+            Family::Gpt2 => Norm::Layer(LayerNorm {
+                weight,
+                bias: self.param(&join(name, "bias"), &[d], InitKind::Zeros)?,
+                eps,
+            }),
             Family::Llama => Norm::Rms(RmsNorm { weight, eps }),
         })
     }
@@ -268,14 +427,20 @@ impl Module for Transformer {
             h.visit("lm_head", f);
         }
     }
-    fn visit_mut(&mut self, _prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        _prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         let top = self.top();
         let (embed_name, norm_name) = (self.embed_name(), self.norm_name());
         self.embed.visit_mut(&join(top, embed_name), f)?;
         if let Some(p) = &mut self.positions {
             p.visit_mut(&join(top, "wpe"), f)?;
         }
-        let prefixes: Vec<String> = (0..self.blocks.len()).map(|i| self.block_prefix(i)).collect();
+        let prefixes: Vec<String> = (0..self.blocks.len())
+            .map(|i| self.block_prefix(i))
+            .collect();
         for (b, p) in self.blocks.iter_mut().zip(prefixes) {
             b.visit_mut(&p, f)?;
         }
@@ -310,6 +475,16 @@ impl Transformer {
         }
     }
     fn block_prefix(&self, i: usize) -> String {
-        join(self.top(), &format!("{}.{i}", if self.config.family == Family::Gpt2 { "h" } else { "layers" }))
+        join(
+            self.top(),
+            &format!(
+                "{}.{i}",
+                if self.config.family == Family::Gpt2 {
+                    "h"
+                } else {
+                    "layers"
+                }
+            ),
+        )
     }
 }

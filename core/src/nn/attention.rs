@@ -13,10 +13,17 @@ pub struct Rotary {
 }
 
 impl Rotary {
-    pub fn new(head_dim: usize, max_positions: usize, theta: f64, dtype: DType, device: &Arc<dyn Device>) -> Result<Self> {
+    pub fn new(
+        head_dim: usize,
+        max_positions: usize,
+        theta: f64,
+        dtype: DType,
+        device: &Arc<dyn Device>,
+    ) -> Result<Self> {
         let half = head_dim / 2;
-        let inv_freq: Vec<f32> =
-            (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+            .collect();
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for pos in 0..max_positions {
@@ -35,13 +42,24 @@ impl Rotary {
     /// Rotates `x [B, H, T, D]` whose first row is at position `start`.
     pub fn apply(&self, x: &Tensor, start: usize) -> Result<Tensor> {
         let &[_, _, t, _] = x.shape() else {
-            return Err(crate::Error::shape("rotary", format!("x must be [B, H, T, D]; got {:?}", x.shape())));
+            return Err(crate::Error::shape(
+                "rotary",
+                format!("x must be [B, H, T, D]; got {:?}", x.shape()),
+            ));
         };
         let max = self.cos.shape()[0];
         if start + t > max {
-            return Err(crate::Error::Index { op: "rotary".into(), index: (start + t) as isize, size: max, shape: x.shape().to_vec() });
+            return Err(crate::Error::Index {
+                op: "rotary".into(),
+                index: (start + t) as isize,
+                size: max,
+                shape: x.shape().to_vec(),
+            });
         }
-        x.rotary(&self.cos.narrow(0, start, t)?, &self.sin.narrow(0, start, t)?)
+        x.rotary(
+            &self.cos.narrow(0, start, t)?,
+            &self.sin.narrow(0, start, t)?,
+        )
     }
 }
 
@@ -53,12 +71,17 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(layers: usize) -> Self {
-        KvCache { layers: (0..layers).map(|_| None).collect() }
+        KvCache {
+            layers: (0..layers).map(|_| None).collect(),
+        }
     }
 
     /// Positions already cached.
     pub fn len(&self) -> usize {
-        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |(k, _)| k.shape()[2])
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |(k, _)| k.shape()[2])
     }
 
     pub fn is_empty(&self) -> bool {
@@ -88,19 +111,33 @@ pub struct CausalSelfAttention {
 impl CausalSelfAttention {
     /// `x [B, T, C]` at positions `start..start + T` to `[B, T, C]`. With a cache, the new keys
     /// and values are appended and attention covers every cached position.
-    pub fn forward(&self, x: &Tensor, start: usize, cache: Option<&mut Option<(Tensor, Tensor)>>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        start: usize,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
         let &[b, t, _] = x.shape() else {
-            return Err(crate::Error::shape("attention", format!("x must be [B, T, C]; got {:?} {}", x.shape(), x.dtype())));
+            return Err(crate::Error::shape(
+                "attention",
+                format!("x must be [B, T, C]; got {:?} {}", x.shape(), x.dtype()),
+            ));
         };
         let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
         let (q, k, v) = match &self.qkv {
             QkvProjection::Fused(lin) => {
                 let y = lin.forward(x)?;
-                (y.narrow(2, 0, hq * d)?, y.narrow(2, hq * d, hkv * d)?, y.narrow(2, (hq + hkv) * d, hkv * d)?)
+                (
+                    y.narrow(2, 0, hq * d)?,
+                    y.narrow(2, hq * d, hkv * d)?,
+                    y.narrow(2, (hq + hkv) * d, hkv * d)?,
+                )
             }
             QkvProjection::Split { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
         };
-        let heads = |t_: Tensor, h: usize| -> Result<Tensor> { t_.reshape(&[b, t, h, d])?.transpose(1, 2)?.contiguous() };
+        let heads = |t_: Tensor, h: usize| -> Result<Tensor> {
+            t_.reshape(&[b, t, h, d])?.transpose(1, 2)?.contiguous()
+        };
         let (mut q, mut k, mut v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
         if let Some(rot) = &self.rotary {
             q = rot.apply(&q, start)?;
@@ -131,7 +168,11 @@ impl Module for CausalSelfAttention {
         }
         self.out.visit(&join(prefix, self.names[1]), f);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         match &mut self.qkv {
             QkvProjection::Fused(l) => l.visit_mut(&join(prefix, self.names[0]), f)?,
             QkvProjection::Split { q, k, v } => {

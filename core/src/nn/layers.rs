@@ -11,8 +11,21 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(init: &mut Init<'_>, d_in: usize, d_out: usize, bias: bool, std: f64) -> Result<Self> {
-        Ok(Linear { weight: init.normal(&[d_out, d_in], std)?, bias: if bias { Some(init.full(&[d_out], 0.0)?) } else { None } })
+    pub fn new(
+        init: &mut Init<'_>,
+        d_in: usize,
+        d_out: usize,
+        bias: bool,
+        std: f64,
+    ) -> Result<Self> {
+        Ok(Linear {
+            weight: init.normal(&[d_out, d_in], std)?,
+            bias: if bias {
+                Some(init.full(&[d_out], 0.0)?)
+            } else {
+                None
+            },
+        })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.linear(&self.weight, self.bias.as_ref())
@@ -26,7 +39,11 @@ impl Module for Linear {
             f(&join(prefix, "bias"), b);
         }
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         f(&join(prefix, "weight"), &mut self.weight)?;
         if let Some(b) = &mut self.bias {
             f(&join(prefix, "bias"), b)?;
@@ -42,7 +59,9 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn new(init: &mut Init<'_>, count: usize, dim: usize, std: f64) -> Result<Self> {
-        Ok(Embedding { weight: init.normal(&[count, dim], std)? })
+        Ok(Embedding {
+            weight: init.normal(&[count, dim], std)?,
+        })
     }
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         self.weight.embedding(ids)
@@ -53,7 +72,11 @@ impl Module for Embedding {
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join(prefix, "weight"), &self.weight);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         f(&join(prefix, "weight"), &mut self.weight)
     }
 }
@@ -66,7 +89,11 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     pub fn new(init: &mut Init<'_>, dim: usize, eps: f64) -> Result<Self> {
-        Ok(LayerNorm { weight: init.full(&[dim], 1.0)?, bias: init.full(&[dim], 0.0)?, eps })
+        Ok(LayerNorm {
+            weight: init.full(&[dim], 1.0)?,
+            bias: init.full(&[dim], 0.0)?,
+            eps,
+        })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.layer_norm(&self.weight, &self.bias, self.eps)
@@ -78,7 +105,11 @@ impl Module for LayerNorm {
         f(&join(prefix, "weight"), &self.weight);
         f(&join(prefix, "bias"), &self.bias);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         f(&join(prefix, "weight"), &mut self.weight)?;
         f(&join(prefix, "bias"), &mut self.bias)
     }
@@ -91,7 +122,10 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(init: &mut Init<'_>, dim: usize, eps: f64) -> Result<Self> {
-        Ok(RmsNorm { weight: init.full(&[dim], 1.0)?, eps })
+        Ok(RmsNorm {
+            weight: init.full(&[dim], 1.0)?,
+            eps,
+        })
     }
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.rms_norm(&self.weight, self.eps)
@@ -102,7 +136,11 @@ impl Module for RmsNorm {
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(&join(prefix, "weight"), &self.weight);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         f(&join(prefix, "weight"), &mut self.weight)
     }
 }
@@ -129,7 +167,11 @@ impl Module for Norm {
             Norm::Rms(n) => n.visit(prefix, f),
         }
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         match self {
             Norm::Layer(n) => n.visit_mut(prefix, f),
             Norm::Rms(n) => n.visit_mut(prefix, f),
@@ -168,7 +210,11 @@ impl Mlp {
         let h = if crate::is_grad_enabled() {
             self.fc.forward(x)?.gelu()?
         } else {
-            x.linear_fused(&self.fc.weight, self.fc.bias.as_ref(), Some(crate::UnaryOp::Gelu))?
+            x.linear_fused(
+                &self.fc.weight,
+                self.fc.bias.as_ref(),
+                Some(crate::UnaryOp::Gelu),
+            )?
         };
         self.proj.forward(&h)
     }
@@ -179,7 +225,11 @@ impl Module for Mlp {
         self.fc.visit(&join(prefix, self.names[0]), f);
         self.proj.visit(&join(prefix, self.names[1]), f);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         self.fc.visit_mut(&join(prefix, self.names[0]), f)?;
         self.proj.visit_mut(&join(prefix, self.names[1]), f)
     }
@@ -205,7 +255,11 @@ impl Module for SwiGluMlp {
         self.up.visit(&join(prefix, "up_proj"), f);
         self.down.visit(&join(prefix, "down_proj"), f);
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         self.gate.visit_mut(&join(prefix, "gate_proj"), f)?;
         self.up.visit_mut(&join(prefix, "up_proj"), f)?;
         self.down.visit_mut(&join(prefix, "down_proj"), f)
@@ -233,7 +287,11 @@ impl Module for FeedForward {
             FeedForward::SwiGlu(m) => m.visit(prefix, f),
         }
     }
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()> {
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()> {
         match self {
             FeedForward::Gelu(m) => m.visit_mut(prefix, f),
             FeedForward::SwiGlu(m) => m.visit_mut(prefix, f),

@@ -8,7 +8,9 @@ mod attention;
 mod layers;
 
 pub use attention::{CausalSelfAttention, KvCache, QkvProjection, Rotary};
-pub use layers::{Dropout, Embedding, FeedForward, LayerNorm, Linear, Mlp, Norm, RmsNorm, SwiGluMlp};
+pub use layers::{
+    Dropout, Embedding, FeedForward, LayerNorm, Linear, Mlp, Norm, RmsNorm, SwiGluMlp,
+};
 
 use std::sync::Arc;
 
@@ -20,7 +22,11 @@ pub trait Module {
     /// Calls `f` with the full name (`prefix` + local name) and tensor of every parameter.
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor));
     /// Calls `f` on every parameter, which may replace it.
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>) -> Result<()>;
+    fn visit_mut(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut Tensor) -> Result<()>,
+    ) -> Result<()>;
 }
 
 /// `prefix.name`, or `name` without a prefix.

@@ -39,7 +39,11 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
             Ok(vec![inputs[0].clone()])
         }
         Op::Attention { causal } | Op::AttentionBackward { causal } => {
-            let data: Vec<usize> = if matches!(op, Op::Attention { .. }) { vec![0, 1, 2] } else { vec![0, 1, 2, 3, 5] };
+            let data: Vec<usize> = if matches!(op, Op::Attention { .. }) {
+                vec![0, 1, 2]
+            } else {
+                vec![0, 1, 2, 3, 5]
+            };
             require_float(name, inputs, &data)?;
             require_same_dtype(name, inputs, &data)?;
             let (q, k, v) = (&inputs[0].shape, &inputs[1].shape, &inputs[2].shape);
@@ -55,7 +59,9 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
                 return Err(err("query heads must be a multiple of key/value heads"));
             }
             if *causal && tk < tq {
-                return Err(err("causal attention needs at least as many keys as queries"));
+                return Err(err(
+                    "causal attention needs at least as many keys as queries",
+                ));
             }
             let out = TensorSpec::new(&[b, hq, tq, dv], inputs[0].dtype);
             let lse = TensorSpec::new(&[b, hq, tq], stats_dtype(inputs[0].dtype));
@@ -68,7 +74,11 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
             if inputs[4] != lse {
                 return Err(err(&format!("lse must be {:?} {}", lse.shape, lse.dtype)));
             }
-            Ok(vec![inputs[0].clone(), inputs[1].clone(), inputs[2].clone()])
+            Ok(vec![
+                inputs[0].clone(),
+                inputs[1].clone(),
+                inputs[2].clone(),
+            ])
         }
         _ => unreachable!("not an attention op: {op:?}"),
     }

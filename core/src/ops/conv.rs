@@ -19,7 +19,11 @@ pub struct Conv2dParams {
 
 impl Default for Conv2dParams {
     fn default() -> Self {
-        Conv2dParams { stride: [1, 1], padding: [0, 0], dilation: [1, 1] }
+        Conv2dParams {
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+        }
     }
 }
 
@@ -39,12 +43,19 @@ impl Conv2dParams {
     }
 }
 
-pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Option<&[usize]>) -> Result<Vec<TensorSpec>> {
+pub(super) fn infer(
+    op: &Op,
+    name: &str,
+    inputs: &[TensorSpec],
+    out_shape: Option<&[usize]>,
+) -> Result<Vec<TensorSpec>> {
     let all: Vec<usize> = (0..inputs.len()).collect();
     require_float(name, inputs, &all)?;
     require_same_dtype(name, inputs, &all)?;
     let err = |what: String| Error::shape(name, format!("{what}; got {}", specs_str(inputs)));
-    let four = |s: &[usize]| -> Result<[usize; 4]> { s.try_into().map_err(|_| err("tensors must be 4-D".into())) };
+    let four = |s: &[usize]| -> Result<[usize; 4]> {
+        s.try_into().map_err(|_| err("tensors must be 4-D".into()))
+    };
     let dtype = inputs[0].dtype;
     let (x, w, params) = match op {
         Op::Conv2d { params, bias } => {
@@ -55,17 +66,24 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Optio
             (x, w, params)
         }
         Op::Conv2dBackwardData { params } => {
-            let x = four(out_shape.ok_or_else(|| Error::invalid(name, "the output shape must be given"))?)?;
+            let x = four(
+                out_shape.ok_or_else(|| Error::invalid(name, "the output shape must be given"))?,
+            )?;
             (x, four(&inputs[1].shape)?, params)
         }
         Op::Conv2dBackwardWeight { params } => {
-            let w = four(out_shape.ok_or_else(|| Error::invalid(name, "the output shape must be given"))?)?;
+            let w = four(
+                out_shape.ok_or_else(|| Error::invalid(name, "the output shape must be given"))?,
+            )?;
             (four(&inputs[0].shape)?, w, params)
         }
         _ => unreachable!("not a conv op: {op:?}"),
     };
     if x[1] != w[1] {
-        return Err(err(format!("x has {} channels but w expects {}", x[1], w[1])));
+        return Err(err(format!(
+            "x has {} channels but w expects {}",
+            x[1], w[1]
+        )));
     }
     let [oh, ow] = params
         .output_size([x[2], x[3]], [w[2], w[3]])

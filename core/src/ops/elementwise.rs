@@ -207,8 +207,15 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
-    pub const ALL: [BinaryOp; 7] =
-        [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum, BinaryOp::Pow];
+    pub const ALL: [BinaryOp; 7] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Pow,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -260,7 +267,14 @@ pub enum CompareOp {
 }
 
 impl CompareOp {
-    pub const ALL: [CompareOp; 6] = [CompareOp::Eq, CompareOp::Ne, CompareOp::Lt, CompareOp::Le, CompareOp::Gt, CompareOp::Ge];
+    pub const ALL: [CompareOp; 6] = [
+        CompareOp::Eq,
+        CompareOp::Ne,
+        CompareOp::Lt,
+        CompareOp::Le,
+        CompareOp::Gt,
+        CompareOp::Ge,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -302,7 +316,10 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     if let Some(other) = inputs.iter().find(|s| s.shape != first.shape) {
         return Err(Error::shape(
             name,
-            format!("inputs must share one shape (broadcast first); got {:?} and {:?}", first.shape, other.shape),
+            format!(
+                "inputs must share one shape (broadcast first); got {:?} and {:?}",
+                first.shape, other.shape
+            ),
         ));
     }
     let same = |dtype: DType| TensorSpec::new(&first.shape, dtype);
@@ -326,13 +343,19 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
         Op::Compare(_) => {
             require_same_dtype(name, inputs, &[0, 1])?;
             if first.dtype == DType::Bool {
-                return Err(Error::dtype(name, format!("cannot compare bool tensors ({})", specs_str(inputs))));
+                return Err(Error::dtype(
+                    name,
+                    format!("cannot compare bool tensors ({})", specs_str(inputs)),
+                ));
             }
             vec![same(DType::Bool)]
         }
         Op::Where => {
             if first.dtype != DType::Bool {
-                return Err(Error::dtype(name, format!("condition must be bool; got {}", specs_str(inputs))));
+                return Err(Error::dtype(
+                    name,
+                    format!("condition must be bool; got {}", specs_str(inputs)),
+                ));
             }
             require_same_dtype(name, inputs, &[1, 2])?;
             vec![same(inputs[1].dtype)]

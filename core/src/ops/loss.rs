@@ -15,17 +15,34 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     require_index(name, inputs, 1)?;
     let l = &inputs[0].shape;
     if l.len() != 2 || inputs[1].shape != [l[0]] {
-        return Err(Error::shape(name, format!("need logits [N, V] and targets [N]; got {}", specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!(
+                "need logits [N, V] and targets [N]; got {}",
+                specs_str(inputs)
+            ),
+        ));
     }
     if l[1] == 0 {
-        return Err(Error::Empty { op: name.into(), shape: l.clone() });
+        return Err(Error::Empty {
+            op: name.into(),
+            shape: l.clone(),
+        });
     }
     let stats = TensorSpec::new(&[l[0]], stats_dtype(inputs[0].dtype));
     match op {
         Op::CrossEntropy => Ok(vec![stats.clone(), stats]),
         _ => {
             if inputs[2] != stats || inputs[3] != stats {
-                return Err(Error::shape(name, format!("lse and dloss must be {:?} {}; got {}", stats.shape, stats.dtype, specs_str(inputs))));
+                return Err(Error::shape(
+                    name,
+                    format!(
+                        "lse and dloss must be {:?} {}; got {}",
+                        stats.shape,
+                        stats.dtype,
+                        specs_str(inputs)
+                    ),
+                ));
             }
             Ok(vec![inputs[0].clone()])
         }

@@ -22,29 +22,50 @@ pub(super) fn infer(
     require_same_dtype(name, inputs, &all)?;
     if let Some(act) = activation {
         if !act.is_epilogue_activation() {
-            return Err(Error::invalid(name, format!("{} is not an epilogue activation", act.name())));
+            return Err(Error::invalid(
+                name,
+                format!("{} is not an epilogue activation", act.name()),
+            ));
         }
     }
     let (a, b) = (&inputs[0].shape, &inputs[1].shape);
     if a.len() < 2 || b.len() != a.len() {
-        return Err(Error::shape(name, format!("need a [..., M, K] and b [..., K, N] of one rank >= 2; got {}", specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!(
+                "need a [..., M, K] and b [..., K, N] of one rank >= 2; got {}",
+                specs_str(inputs)
+            ),
+        ));
     }
     let r = a.len();
     let (m, k, k2, n) = (a[r - 2], a[r - 1], b[r - 2], b[r - 1]);
     if k != k2 || a[..r - 2] != b[..r - 2] {
-        return Err(Error::shape(name, format!("a [..., M, K] and b [..., K, N] do not fit: {}", specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!(
+                "a [..., M, K] and b [..., K, N] do not fit: {}",
+                specs_str(inputs)
+            ),
+        ));
     }
     let mut out = a[..r - 2].to_vec();
     out.extend([m, n]);
     let mut next = 2;
     if bias {
         if inputs[next].shape != [n] {
-            return Err(Error::shape(name, format!("bias must be [{n}]; got {}", specs_str(inputs))));
+            return Err(Error::shape(
+                name,
+                format!("bias must be [{n}]; got {}", specs_str(inputs)),
+            ));
         }
         next += 1;
     }
     if residual && inputs[next].shape != out {
-        return Err(Error::shape(name, format!("residual must be {out:?}; got {}", specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!("residual must be {out:?}; got {}", specs_str(inputs)),
+        ));
     }
     Ok(vec![TensorSpec::new(&out, inputs[0].dtype)])
 }

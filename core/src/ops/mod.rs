@@ -50,7 +50,10 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     pub fn new(shape: &[usize], dtype: DType) -> Self {
-        TensorSpec { shape: shape.to_vec(), dtype }
+        TensorSpec {
+            shape: shape.to_vec(),
+            dtype,
+        }
     }
 }
 
@@ -59,12 +62,22 @@ impl TensorSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     // random.rs: creation and random
-    Fill { dtype: DType },
-    Arange { dtype: DType },
-    RandUniform { dtype: DType },
-    RandNormal { dtype: DType },
+    Fill {
+        dtype: DType,
+    },
+    Arange {
+        dtype: DType,
+    },
+    RandUniform {
+        dtype: DType,
+    },
+    RandNormal {
+        dtype: DType,
+    },
     // elementwise.rs
-    Cast { to: DType },
+    Cast {
+        to: DType,
+    },
     Copy,
     Unary(UnaryOp),
     UnaryBackward(UnaryOp),
@@ -74,20 +87,37 @@ pub enum Op {
     SwiGlu,
     SwiGluBackward,
     // reduce.rs
-    Reduce { op: ReduceOp, axes: Vec<usize>, keepdim: bool },
-    ArgMax { axis: usize, keepdim: bool },
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
+    ArgMax {
+        axis: usize,
+        keepdim: bool,
+    },
     Softmax,
     LogSoftmax,
     SoftmaxBackward,
     LogSoftmaxBackward,
     // matmul.rs
-    Matmul { bias: bool, activation: Option<UnaryOp>, residual: bool },
+    Matmul {
+        bias: bool,
+        activation: Option<UnaryOp>,
+        residual: bool,
+    },
     // movement.rs
-    Concat { axis: usize },
+    Concat {
+        axis: usize,
+    },
     Embedding,
     EmbeddingBackward,
-    Gather { axis: usize },
-    ScatterAdd { axis: usize },
+    Gather {
+        axis: usize,
+    },
+    ScatterAdd {
+        axis: usize,
+    },
     // norm.rs
     LayerNorm,
     LayerNormBackward,
@@ -95,19 +125,35 @@ pub enum Op {
     RmsNormBackward,
     // attention.rs
     Rotary,
-    Attention { causal: bool },
-    AttentionBackward { causal: bool },
+    Attention {
+        causal: bool,
+    },
+    AttentionBackward {
+        causal: bool,
+    },
     // loss.rs
     CrossEntropy,
     CrossEntropyBackward,
     // optim.rs
-    AdamUpdate { decoupled_weight_decay: bool },
-    SgdUpdate { momentum: bool, nesterov: bool },
+    AdamUpdate {
+        decoupled_weight_decay: bool,
+    },
+    SgdUpdate {
+        momentum: bool,
+        nesterov: bool,
+    },
     SquaredNorm,
     // conv.rs
-    Conv2d { params: Conv2dParams, bias: bool },
-    Conv2dBackwardData { params: Conv2dParams },
-    Conv2dBackwardWeight { params: Conv2dParams },
+    Conv2d {
+        params: Conv2dParams,
+        bias: bool,
+    },
+    Conv2dBackwardData {
+        params: Conv2dParams,
+    },
+    Conv2dBackwardWeight {
+        params: Conv2dParams,
+    },
 }
 
 impl Op {
@@ -128,14 +174,25 @@ impl Op {
         ops.extend(BinaryOp::ALL.iter().map(|&b| Binary(b)));
         ops.extend(CompareOp::ALL.iter().map(|&c| Compare(c)));
         ops.extend([Where, SwiGlu, SwiGluBackward]);
-        ops.extend(ReduceOp::ALL.iter().map(|&op| Reduce { op, axes: vec![0], keepdim: false }));
+        ops.extend(ReduceOp::ALL.iter().map(|&op| Reduce {
+            op,
+            axes: vec![0],
+            keepdim: false,
+        }));
         ops.extend([
-            ArgMax { axis: 0, keepdim: false },
+            ArgMax {
+                axis: 0,
+                keepdim: false,
+            },
             Softmax,
             LogSoftmax,
             SoftmaxBackward,
             LogSoftmaxBackward,
-            Matmul { bias: false, activation: None, residual: false },
+            Matmul {
+                bias: false,
+                activation: None,
+                residual: false,
+            },
             Concat { axis: 0 },
             Embedding,
             EmbeddingBackward,
@@ -150,13 +207,27 @@ impl Op {
             AttentionBackward { causal: true },
             CrossEntropy,
             CrossEntropyBackward,
-            AdamUpdate { decoupled_weight_decay: false },
-            AdamUpdate { decoupled_weight_decay: true },
-            SgdUpdate { momentum: true, nesterov: false },
+            AdamUpdate {
+                decoupled_weight_decay: false,
+            },
+            AdamUpdate {
+                decoupled_weight_decay: true,
+            },
+            SgdUpdate {
+                momentum: true,
+                nesterov: false,
+            },
             SquaredNorm,
-            Conv2d { params: Conv2dParams::default(), bias: true },
-            Conv2dBackwardData { params: Conv2dParams::default() },
-            Conv2dBackwardWeight { params: Conv2dParams::default() },
+            Conv2d {
+                params: Conv2dParams::default(),
+                bias: true,
+            },
+            Conv2dBackwardData {
+                params: Conv2dParams::default(),
+            },
+            Conv2dBackwardWeight {
+                params: Conv2dParams::default(),
+            },
         ]);
         ops
     }
@@ -199,8 +270,12 @@ impl Op {
             AttentionBackward { .. } => "attention_backward".into(),
             CrossEntropy => "cross_entropy".into(),
             CrossEntropyBackward => "cross_entropy_backward".into(),
-            AdamUpdate { decoupled_weight_decay: true } => "adamw_update".into(),
-            AdamUpdate { decoupled_weight_decay: false } => "adam_update".into(),
+            AdamUpdate {
+                decoupled_weight_decay: true,
+            } => "adamw_update".into(),
+            AdamUpdate {
+                decoupled_weight_decay: false,
+            } => "adam_update".into(),
             SgdUpdate { .. } => "sgd_update".into(),
             SquaredNorm => "squared_norm".into(),
             Conv2d { .. } => "conv2d".into(),
@@ -215,8 +290,22 @@ impl Op {
         match self {
             Fill { .. } => &["value"],
             Arange { .. } => &["start", "step"],
-            RandUniform { .. } => &["key_lo", "key_hi", "counter_lo", "counter_hi", "low", "high"],
-            RandNormal { .. } => &["key_lo", "key_hi", "counter_lo", "counter_hi", "mean", "std"],
+            RandUniform { .. } => &[
+                "key_lo",
+                "key_hi",
+                "counter_lo",
+                "counter_hi",
+                "low",
+                "high",
+            ],
+            RandNormal { .. } => &[
+                "key_lo",
+                "key_hi",
+                "counter_lo",
+                "counter_hi",
+                "mean",
+                "std",
+            ],
             Unary(u) | UnaryBackward(u) => u.scalar_names(),
             LayerNorm | RmsNorm => &["eps"],
             Attention { .. } | AttentionBackward { .. } => &["scale"],
@@ -263,8 +352,18 @@ impl Op {
         match self {
             Unary(u) => u.differentiable(),
             Cast { to } => to.is_float(),
-            Copy | Binary(_) | Where | SwiGlu | Softmax | LogSoftmax | Matmul { .. } | Concat { .. } => true,
-            Reduce { op, .. } => matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min),
+            Copy
+            | Binary(_)
+            | Where
+            | SwiGlu
+            | Softmax
+            | LogSoftmax
+            | Matmul { .. }
+            | Concat { .. } => true,
+            Reduce { op, .. } => matches!(
+                op,
+                ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min
+            ),
             Embedding | Gather { .. } | LayerNorm | RmsNorm | Rotary | Attention { .. } => true,
             CrossEntropy | Conv2d { .. } => true,
             _ => false,
@@ -274,34 +373,59 @@ impl Op {
     /// Output specs for the given inputs. `out_shape` is required by ops whose output shape
     /// the inputs do not determine (creation ops, scatter-add, embedding and conv backward);
     /// for the others it is checked when given.
-    pub fn infer(&self, inputs: &[TensorSpec], out_shape: Option<&[usize]>) -> Result<Vec<TensorSpec>> {
+    pub fn infer(
+        &self,
+        inputs: &[TensorSpec],
+        out_shape: Option<&[usize]>,
+    ) -> Result<Vec<TensorSpec>> {
         use Op::*;
         let name = self.name();
         let arity = self.arity();
         if let Some(n) = arity {
             if inputs.len() != n {
-                return Err(Error::invalid(&name, format!("expected {n} inputs, got {}", inputs.len())));
+                return Err(Error::invalid(
+                    &name,
+                    format!("expected {n} inputs, got {}", inputs.len()),
+                ));
             }
         }
         let out = match self {
             Fill { dtype } | Arange { dtype } | RandUniform { dtype } | RandNormal { dtype } => {
                 random::infer(self, &name, *dtype, out_shape)?
             }
-            Cast { .. } | Copy | Unary(_) | UnaryBackward(_) | Binary(_) | Compare(_) | Where | SwiGlu
+            Cast { .. }
+            | Copy
+            | Unary(_)
+            | UnaryBackward(_)
+            | Binary(_)
+            | Compare(_)
+            | Where
+            | SwiGlu
             | SwiGluBackward => elementwise::infer(self, &name, inputs)?,
-            Reduce { .. } | ArgMax { .. } | Softmax | LogSoftmax | SoftmaxBackward | LogSoftmaxBackward => {
-                reduce::infer(self, &name, inputs)?
-            }
-            Matmul { bias, activation, residual } => {
-                matmul::infer(&name, inputs, *bias, *activation, *residual)?
-            }
+            Reduce { .. }
+            | ArgMax { .. }
+            | Softmax
+            | LogSoftmax
+            | SoftmaxBackward
+            | LogSoftmaxBackward => reduce::infer(self, &name, inputs)?,
+            Matmul {
+                bias,
+                activation,
+                residual,
+            } => matmul::infer(&name, inputs, *bias, *activation, *residual)?,
             Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
                 movement::infer(self, &name, inputs, out_shape)?
             }
-            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => norm::infer(self, &name, inputs)?,
-            Rotary | Attention { .. } | AttentionBackward { .. } => attention::infer(self, &name, inputs)?,
+            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
+                norm::infer(self, &name, inputs)?
+            }
+            Rotary | Attention { .. } | AttentionBackward { .. } => {
+                attention::infer(self, &name, inputs)?
+            }
             CrossEntropy | CrossEntropyBackward => loss::infer(self, &name, inputs)?,
-            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => optim::infer(self, &name, inputs)?,
+            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => {
+                optim::infer(self, &name, inputs)?
+            }
             Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
                 conv::infer(self, &name, inputs, out_shape)?
             }
@@ -310,7 +434,11 @@ impl Op {
             if first.shape != want {
                 return Err(Error::shape(
                     &name,
-                    format!("output shape {want:?} given, but inputs {} give {:?}", specs_str(inputs), first.shape),
+                    format!(
+                        "output shape {want:?} given, but inputs {} give {:?}",
+                        specs_str(inputs),
+                        first.shape
+                    ),
                 ));
             }
         }
@@ -322,8 +450,15 @@ impl Op {
         use Op::*;
         Some(match self {
             Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => 0,
-            Cast { .. } | Copy | Unary(_) | Reduce { .. } | ArgMax { .. } | Softmax | LogSoftmax => 1,
-            UnaryBackward(_) | Binary(_) | Compare(_) | SwiGlu | SoftmaxBackward | LogSoftmaxBackward => 2,
+            Cast { .. }
+            | Copy
+            | Unary(_)
+            | Reduce { .. }
+            | ArgMax { .. }
+            | Softmax
+            | LogSoftmax => 1,
+            UnaryBackward(_) | Binary(_) | Compare(_) | SwiGlu | SoftmaxBackward
+            | LogSoftmaxBackward => 2,
             Where | SwiGluBackward => 3,
             Matmul { bias, residual, .. } => 2 + usize::from(*bias) + usize::from(*residual),
             Concat { .. } | SquaredNorm => return None,
@@ -345,14 +480,20 @@ impl Op {
 
 /// Formats specs for error messages: `[2, 3] f32, [3] i32`.
 pub fn specs_str(specs: &[TensorSpec]) -> String {
-    let parts: Vec<String> = specs.iter().map(|s| format!("{:?} {}", s.shape, s.dtype)).collect();
+    let parts: Vec<String> = specs
+        .iter()
+        .map(|s| format!("{:?} {}", s.shape, s.dtype))
+        .collect();
     parts.join(", ")
 }
 
 pub(crate) fn require_float(name: &str, inputs: &[TensorSpec], which: &[usize]) -> Result<()> {
     for &i in which {
         if !inputs[i].dtype.is_float() {
-            return Err(Error::dtype(name, format!("input {i} must be a float type; got {}", specs_str(inputs))));
+            return Err(Error::dtype(
+                name,
+                format!("input {i} must be a float type; got {}", specs_str(inputs)),
+            ));
         }
     }
     Ok(())
@@ -362,14 +503,27 @@ pub(crate) fn require_same_dtype(name: &str, inputs: &[TensorSpec], which: &[usi
     let first = inputs[which[0]].dtype;
     if which.iter().any(|&i| inputs[i].dtype != first) {
         let d: Vec<DType> = which.iter().map(|&i| inputs[i].dtype).collect();
-        return Err(Error::dtype(name, format!("inputs must share one dtype; got {} ({})", dtypes_str(&d), specs_str(inputs))));
+        return Err(Error::dtype(
+            name,
+            format!(
+                "inputs must share one dtype; got {} ({})",
+                dtypes_str(&d),
+                specs_str(inputs)
+            ),
+        ));
     }
     Ok(())
 }
 
 pub(crate) fn require_index(name: &str, inputs: &[TensorSpec], i: usize) -> Result<()> {
     if !inputs[i].dtype.is_index() {
-        return Err(Error::dtype(name, format!("input {i} must be i32 or u32 indices; got {}", specs_str(inputs))));
+        return Err(Error::dtype(
+            name,
+            format!(
+                "input {i} must be i32 or u32 indices; got {}",
+                specs_str(inputs)
+            ),
+        ));
     }
     Ok(())
 }
@@ -387,54 +541,87 @@ pub fn stats_dtype(dtype: DType) -> DType {
 /// shapes and dtypes against [`Op::infer`], scalar count, every layout inside its buffer,
 /// row-major inputs where the op needs them, row-major outputs, and no output overlapping an
 /// input unless the op updates in place.
-pub fn validate_launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>], scalars: &[f64]) -> Result<()> {
+pub fn validate_launch(
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+) -> Result<()> {
     let name = op.name();
-    let in_specs: Vec<TensorSpec> = inputs.iter().map(|t| TensorSpec::new(&t.layout.shape, t.dtype)).collect();
+    let in_specs: Vec<TensorSpec> = inputs
+        .iter()
+        .map(|t| TensorSpec::new(&t.layout.shape, t.dtype))
+        .collect();
     let out_hint = outputs.first().map(|t| t.layout.shape.as_slice());
     let want = op.infer(&in_specs, out_hint)?;
     if want.len() != outputs.len() {
-        return Err(Error::invalid(&name, format!("expected {} outputs, got {}", want.len(), outputs.len())));
+        return Err(Error::invalid(
+            &name,
+            format!("expected {} outputs, got {}", want.len(), outputs.len()),
+        ));
     }
     for (i, (w, o)) in want.iter().zip(outputs).enumerate() {
         if w.shape != o.layout.shape || w.dtype != o.dtype {
             return Err(Error::shape(
                 &name,
-                format!("output {i} must be {:?} {}, got {:?} {}", w.shape, w.dtype, o.layout.shape, o.dtype),
+                format!(
+                    "output {i} must be {:?} {}, got {:?} {}",
+                    w.shape, w.dtype, o.layout.shape, o.dtype
+                ),
             ));
         }
     }
     if scalars.len() != op.scalar_names().len() {
         return Err(Error::invalid(
             &name,
-            format!("expected scalars {:?}, got {} values", op.scalar_names(), scalars.len()),
+            format!(
+                "expected scalars {:?}, got {} values",
+                op.scalar_names(),
+                scalars.len()
+            ),
         ));
     }
     for (kind, list) in [("input", inputs), ("output", outputs)] {
         for (i, t) in list.iter().enumerate() {
             let need = t.layout.extent().checked_mul(t.dtype.size());
-            if need.is_none_or(|n| n > t.buffer.len()) || t.layout.shape.len() != t.layout.strides.len() {
+            if need.is_none_or(|n| n > t.buffer.len())
+                || t.layout.shape.len() != t.layout.strides.len()
+            {
                 return Err(Error::invalid(
                     &name,
-                    format!("{kind} {i} layout {:?} does not fit its buffer of {} bytes", t.layout, t.buffer.len()),
+                    format!(
+                        "{kind} {i} layout {:?} does not fit its buffer of {} bytes",
+                        t.layout,
+                        t.buffer.len()
+                    ),
                 ));
             }
         }
     }
     if !op.reads_strided() {
         if let Some(i) = inputs.iter().position(|t| !t.layout.is_contiguous()) {
-            return Err(Error::invalid(&name, format!("input {i} must be row-major; got {:?}", inputs[i].layout)));
+            return Err(Error::invalid(
+                &name,
+                format!("input {i} must be row-major; got {:?}", inputs[i].layout),
+            ));
         }
     }
     if !matches!(op, Op::Copy) {
         if let Some(i) = outputs.iter().position(|t| !t.layout.is_contiguous()) {
-            return Err(Error::invalid(&name, format!("output {i} must be row-major; got {:?}", outputs[i].layout)));
+            return Err(Error::invalid(
+                &name,
+                format!("output {i} must be row-major; got {:?}", outputs[i].layout),
+            ));
         }
     }
     for (oi, o) in outputs.iter().enumerate() {
         for (ii, i) in inputs.iter().enumerate() {
             let in_place = in_place_input(op, oi) == Some(ii) && i.layout == o.layout;
             if !in_place && overlaps(o, i) {
-                return Err(Error::invalid(&name, format!("output {oi} overlaps input {ii}")));
+                return Err(Error::invalid(
+                    &name,
+                    format!("output {oi} overlaps input {ii}"),
+                ));
             }
         }
     }
@@ -453,10 +640,18 @@ fn in_place_input(op: &Op, output: usize) -> Option<usize> {
 }
 
 fn overlaps(a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
-    if !std::ptr::addr_eq(std::sync::Arc::as_ptr(a.buffer), std::sync::Arc::as_ptr(b.buffer)) {
+    if !std::ptr::addr_eq(
+        std::sync::Arc::as_ptr(a.buffer),
+        std::sync::Arc::as_ptr(b.buffer),
+    ) {
         return false;
     }
-    let range = |t: &TensorRef<'_>| (t.layout.offset * t.dtype.size(), t.layout.extent() * t.dtype.size());
+    let range = |t: &TensorRef<'_>| {
+        (
+            t.layout.offset * t.dtype.size(),
+            t.layout.extent() * t.dtype.size(),
+        )
+    };
     let (a0, a1) = range(a);
     let (b0, b1) = range(b);
     a1 > a0 && b1 > b0 && a0 < b1 && b0 < a1

@@ -18,23 +18,42 @@
 use super::{require_index, require_same_dtype, specs_str, Op, TensorSpec};
 use crate::{Error, Result};
 
-pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Option<&[usize]>) -> Result<Vec<TensorSpec>> {
+pub(super) fn infer(
+    op: &Op,
+    name: &str,
+    inputs: &[TensorSpec],
+    out_shape: Option<&[usize]>,
+) -> Result<Vec<TensorSpec>> {
     let need_out = || Error::invalid(name, "the output shape must be given");
     Ok(match op {
         Op::Concat { axis } => {
-            let first = inputs.first().ok_or_else(|| Error::invalid(name, "needs at least one input"))?;
+            let first = inputs
+                .first()
+                .ok_or_else(|| Error::invalid(name, "needs at least one input"))?;
             let all: Vec<usize> = (0..inputs.len()).collect();
             require_same_dtype(name, inputs, &all)?;
             if *axis >= first.shape.len() {
-                return Err(Error::Axis { op: name.into(), axis: *axis as isize, rank: first.shape.len(), shape: first.shape.clone() });
+                return Err(Error::Axis {
+                    op: name.into(),
+                    axis: *axis as isize,
+                    rank: first.shape.len(),
+                    shape: first.shape.clone(),
+                });
             }
             let mut out = first.shape.clone();
             out[*axis] = 0;
             for s in inputs {
                 let fits = s.shape.len() == out.len()
-                    && s.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == *axis || a == b);
+                    && s.shape
+                        .iter()
+                        .zip(&first.shape)
+                        .enumerate()
+                        .all(|(i, (a, b))| i == *axis || a == b);
                 if !fits {
-                    return Err(Error::shape(name, format!("shapes must agree off axis {axis}: {}", specs_str(inputs))));
+                    return Err(Error::shape(
+                        name,
+                        format!("shapes must agree off axis {axis}: {}", specs_str(inputs)),
+                    ));
                 }
                 out[*axis] += s.shape[*axis];
             }
@@ -44,7 +63,10 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Optio
             require_index(name, inputs, 1)?;
             let w = &inputs[0].shape;
             if w.len() != 2 {
-                return Err(Error::shape(name, format!("weight must be [V, D]; got {}", specs_str(inputs))));
+                return Err(Error::shape(
+                    name,
+                    format!("weight must be [V, D]; got {}", specs_str(inputs)),
+                ));
             }
             let mut out = inputs[1].shape.clone();
             out.push(w[1]);
@@ -54,11 +76,17 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Optio
             require_index(name, inputs, 0)?;
             let (ids, dy) = (&inputs[0].shape, &inputs[1].shape);
             if dy.len() != ids.len() + 1 || dy[..ids.len()] != ids[..] {
-                return Err(Error::shape(name, format!("dy must be ids.shape + [D]; got {}", specs_str(inputs))));
+                return Err(Error::shape(
+                    name,
+                    format!("dy must be ids.shape + [D]; got {}", specs_str(inputs)),
+                ));
             }
             let out = out_shape.ok_or_else(need_out)?;
             if out.len() != 2 || out[1] != dy[ids.len()] {
-                return Err(Error::shape(name, format!("output must be [V, {}]; got {out:?}", dy[ids.len()])));
+                return Err(Error::shape(
+                    name,
+                    format!("output must be [V, {}]; got {out:?}", dy[ids.len()]),
+                ));
             }
             vec![TensorSpec::new(out, inputs[1].dtype)]
         }
@@ -72,7 +100,13 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Optio
             require_index(name, inputs, 0)?;
             let (idx, src) = (&inputs[0].shape, &inputs[1].shape);
             if idx != src {
-                return Err(Error::shape(name, format!("index and src must share a shape; got {}", specs_str(inputs))));
+                return Err(Error::shape(
+                    name,
+                    format!(
+                        "index and src must share a shape; got {}",
+                        specs_str(inputs)
+                    ),
+                ));
             }
             let out = out_shape.ok_or_else(need_out)?;
             check_axis_and_bounds(name, *axis, idx, out, inputs)?;
@@ -82,13 +116,36 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec], out_shape: Optio
     })
 }
 
-fn check_axis_and_bounds(name: &str, axis: usize, idx: &[usize], full: &[usize], inputs: &[TensorSpec]) -> Result<()> {
+fn check_axis_and_bounds(
+    name: &str,
+    axis: usize,
+    idx: &[usize],
+    full: &[usize],
+    inputs: &[TensorSpec],
+) -> Result<()> {
     if axis >= full.len() {
-        return Err(Error::Axis { op: name.into(), axis: axis as isize, rank: full.len(), shape: full.to_vec() });
+        return Err(Error::Axis {
+            op: name.into(),
+            axis: axis as isize,
+            rank: full.len(),
+            shape: full.to_vec(),
+        });
     }
-    let fits = idx.len() == full.len() && idx.iter().zip(full).enumerate().all(|(d, (i, f))| d == axis || i <= f);
+    let fits = idx.len() == full.len()
+        && idx
+            .iter()
+            .zip(full)
+            .enumerate()
+            .all(|(d, (i, f))| d == axis || i <= f);
     if !fits {
-        return Err(Error::shape(name, format!("index {idx:?} must have rank {} and fit {full:?} off axis {axis} ({})", full.len(), specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!(
+                "index {idx:?} must have rank {} and fit {full:?} off axis {axis} ({})",
+                full.len(),
+                specs_str(inputs)
+            ),
+        ));
     }
     Ok(())
 }

@@ -18,14 +18,20 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     let x = &inputs[0];
     let r = x.shape.len();
     if r == 0 || x.shape[r - 1] == 0 {
-        return Err(Error::Empty { op: name.into(), shape: x.shape.clone() });
+        return Err(Error::Empty {
+            op: name.into(),
+            shape: x.shape.clone(),
+        });
     }
     let n = x.shape[r - 1];
     let rows = x.shape[..r - 1].to_vec();
     let stats = TensorSpec::new(&rows, stats_dtype(x.dtype));
     let expect = |i: usize, shape: &[usize], what: &str| -> Result<()> {
         if inputs[i].shape != shape {
-            return Err(Error::shape(name, format!("{what} must be {shape:?}; got {}", specs_str(inputs))));
+            return Err(Error::shape(
+                name,
+                format!("{what} must be {shape:?}; got {}", specs_str(inputs)),
+            ));
         }
         Ok(())
     };
@@ -42,7 +48,14 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     for &i in &stat_inputs {
         expect(i, &rows, "statistics")?;
         if inputs[i].dtype != stats.dtype {
-            return Err(Error::dtype(name, format!("statistics must be {}; got {}", stats.dtype, specs_str(inputs))));
+            return Err(Error::dtype(
+                name,
+                format!(
+                    "statistics must be {}; got {}",
+                    stats.dtype,
+                    specs_str(inputs)
+                ),
+            ));
         }
     }
     let w = TensorSpec::new(&[n], x.dtype);

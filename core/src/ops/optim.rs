@@ -38,11 +38,20 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     require_same_dtype(name, inputs, state)?;
     let p = &inputs[0];
     if let Some(bad) = state.iter().find(|&&i| inputs[i].shape != p.shape) {
-        return Err(Error::shape(name, format!("input {bad} must match the parameter's shape; got {}", specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!(
+                "input {bad} must match the parameter's shape; got {}",
+                specs_str(inputs)
+            ),
+        ));
     }
     let scale = &inputs[inputs.len() - 1];
     if scale.shape != [1] || scale.dtype != DType::F32 {
-        return Err(Error::shape(name, format!("grad_scale must be [1] f32; got {}", specs_str(inputs))));
+        return Err(Error::shape(
+            name,
+            format!("grad_scale must be [1] f32; got {}", specs_str(inputs)),
+        ));
     }
     let outputs = match op {
         Op::AdamUpdate { .. } => 3,

@@ -15,14 +15,25 @@
 use super::{Op, TensorSpec};
 use crate::{DType, Error, Result};
 
-pub(super) fn infer(op: &Op, name: &str, dtype: DType, out_shape: Option<&[usize]>) -> Result<Vec<TensorSpec>> {
+pub(super) fn infer(
+    op: &Op,
+    name: &str,
+    dtype: DType,
+    out_shape: Option<&[usize]>,
+) -> Result<Vec<TensorSpec>> {
     let shape = out_shape.ok_or_else(|| Error::invalid(name, "the output shape must be given"))?;
     match op {
         Op::Arange { .. } if shape.len() != 1 => {
-            return Err(Error::shape(name, format!("output must be 1-D; got {shape:?}")));
+            return Err(Error::shape(
+                name,
+                format!("output must be 1-D; got {shape:?}"),
+            ));
         }
         Op::RandUniform { .. } | Op::RandNormal { .. } if !dtype.is_float() => {
-            return Err(Error::dtype(name, format!("random values need a float dtype; got {dtype}")));
+            return Err(Error::dtype(
+                name,
+                format!("random values need a float dtype; got {dtype}"),
+            ));
         }
         _ => {}
     }

@@ -53,19 +53,37 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     require_float(name, inputs, &[0])?;
     let x = &inputs[0];
     let rank = x.shape.len();
-    let axis_err = |axis: usize| Error::Axis { op: name.into(), axis: axis as isize, rank, shape: x.shape.clone() };
+    let axis_err = |axis: usize| Error::Axis {
+        op: name.into(),
+        axis: axis as isize,
+        rank,
+        shape: x.shape.clone(),
+    };
     Ok(match op {
-        Op::Reduce { op: kind, axes, keepdim } => {
+        Op::Reduce {
+            op: kind,
+            axes,
+            keepdim,
+        } => {
             if let Some(&bad) = axes.iter().find(|&&a| a >= rank) {
                 return Err(axis_err(bad));
             }
             if axes.windows(2).any(|w| w[0] >= w[1]) {
-                return Err(Error::invalid(name, format!("axes must be sorted and distinct; got {axes:?}")));
+                return Err(Error::invalid(
+                    name,
+                    format!("axes must be sorted and distinct; got {axes:?}"),
+                ));
             }
             let out = reduced_shape(&x.shape, axes, *keepdim);
             let reduced: usize = axes.iter().map(|&a| x.shape[a]).product();
-            if matches!(kind, ReduceOp::Max | ReduceOp::Min) && reduced == 0 && out.iter().product::<usize>() > 0 {
-                return Err(Error::Empty { op: name.into(), shape: x.shape.clone() });
+            if matches!(kind, ReduceOp::Max | ReduceOp::Min)
+                && reduced == 0
+                && out.iter().product::<usize>() > 0
+            {
+                return Err(Error::Empty {
+                    op: name.into(),
+                    shape: x.shape.clone(),
+                });
             }
             vec![TensorSpec::new(&out, x.dtype)]
         }
@@ -74,9 +92,15 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
                 return Err(axis_err(*axis));
             }
             if x.shape[*axis] == 0 {
-                return Err(Error::Empty { op: name.into(), shape: x.shape.clone() });
+                return Err(Error::Empty {
+                    op: name.into(),
+                    shape: x.shape.clone(),
+                });
             }
-            vec![TensorSpec::new(&reduced_shape(&x.shape, &[*axis], *keepdim), DType::I32)]
+            vec![TensorSpec::new(
+                &reduced_shape(&x.shape, &[*axis], *keepdim),
+                DType::I32,
+            )]
         }
         Op::Softmax | Op::LogSoftmax | Op::SoftmaxBackward | Op::LogSoftmaxBackward => {
             if rank == 0 {
@@ -86,7 +110,10 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
                 require_float(name, inputs, &[1])?;
                 require_same_dtype(name, inputs, &[0, 1])?;
                 if inputs[1].shape != x.shape {
-                    return Err(Error::shape(name, format!("y {:?} and dy {:?} differ", x.shape, inputs[1].shape)));
+                    return Err(Error::shape(
+                        name,
+                        format!("y {:?} and dy {:?} differ", x.shape, inputs[1].shape),
+                    ));
                 }
             }
             vec![x.clone()]

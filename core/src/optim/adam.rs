@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{load_state_into, read_step, save_state, step_tensor, zeros_like_params, Optimizer, ParamGroup};
+use super::{
+    load_state_into, read_step, save_state, step_tensor, zeros_like_params, Optimizer, ParamGroup,
+};
 use crate::io::HostTensor;
 use crate::{Op, Result, Tensor};
 
@@ -25,13 +27,33 @@ impl Adam {
     }
 
     /// Adam with L2 weight decay added to the gradient (PyTorch's `Adam`).
-    pub fn with_l2_decay(groups: Vec<ParamGroup>, beta1: f64, beta2: f64, eps: f64) -> Result<Self> {
+    pub fn with_l2_decay(
+        groups: Vec<ParamGroup>,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+    ) -> Result<Self> {
         Adam::new(groups, beta1, beta2, eps, false)
     }
 
-    fn new(groups: Vec<ParamGroup>, beta1: f64, beta2: f64, eps: f64, decoupled: bool) -> Result<Self> {
+    fn new(
+        groups: Vec<ParamGroup>,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        decoupled: bool,
+    ) -> Result<Self> {
         let (m, v) = (zeros_like_params(&groups)?, zeros_like_params(&groups)?);
-        Ok(Adam { groups, beta1, beta2, eps, decoupled, step: 0, m, v })
+        Ok(Adam {
+            groups,
+            beta1,
+            beta2,
+            eps,
+            decoupled,
+            step: 0,
+            m,
+            v,
+        })
     }
 }
 
@@ -40,9 +62,19 @@ impl Optimizer for Adam {
         self.step += 1;
         let t = self.step as i32;
         let (bc1, bc2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
-        let op = Op::AdamUpdate { decoupled_weight_decay: self.decoupled };
+        let op = Op::AdamUpdate {
+            decoupled_weight_decay: self.decoupled,
+        };
         for (gi, group) in self.groups.iter().enumerate() {
-            let scalars = [lr * group.lr_scale, self.beta1, self.beta2, self.eps, group.weight_decay, bc1, bc2];
+            let scalars = [
+                lr * group.lr_scale,
+                self.beta1,
+                self.beta2,
+                self.eps,
+                group.weight_decay,
+                bc1,
+                bc2,
+            ];
             for (pi, (_, p)) in group.params.iter().enumerate() {
                 let Some(grad) = p.grad() else { continue };
                 let (m, v) = (&self.m[gi][pi], &self.v[gi][pi]);

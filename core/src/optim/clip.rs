@@ -7,10 +7,20 @@ use crate::{DType, Error, Result, Tensor};
 /// that clips it, both `[1]` f32 tensors on the device: pass the factor to
 /// [`super::Optimizer::step`] as `grad_scale`. Nothing is read back to the host.
 /// `inv_loss_scale` multiplies gradients first (loss-scale removal; 1 when unused).
-pub fn clip_grad_norm(groups: &[ParamGroup], max_norm: f64, inv_loss_scale: f64) -> Result<(Tensor, Tensor)> {
+pub fn clip_grad_norm(
+    groups: &[ParamGroup],
+    max_norm: f64,
+    inv_loss_scale: f64,
+) -> Result<(Tensor, Tensor)> {
     let _guard = crate::no_grad();
-    let grads: Vec<Tensor> = groups.iter().flat_map(|g| g.params.iter()).filter_map(|(_, p)| p.grad()).collect();
-    let first = grads.first().ok_or_else(|| Error::invalid("clip_grad_norm", "no parameter has a gradient"))?;
+    let grads: Vec<Tensor> = groups
+        .iter()
+        .flat_map(|g| g.params.iter())
+        .filter_map(|(_, p)| p.grad())
+        .collect();
+    let first = grads
+        .first()
+        .ok_or_else(|| Error::invalid("clip_grad_norm", "no parameter has a gradient"))?;
     let device = first.device().clone();
     let by_dtype = |d: DType| -> Result<Option<Tensor>> {
         let same: Vec<&Tensor> = grads.iter().filter(|g| g.dtype() == d).collect();
@@ -27,6 +37,9 @@ pub fn clip_grad_norm(groups: &[ParamGroup], max_norm: f64, inv_loss_scale: f64)
     }
     let norm = total.sqrt()?.mul_scalar(inv_loss_scale)?;
     let limit = Tensor::full(&[1], max_norm, DType::F32, &device)?;
-    let factor = limit.div(&norm.add_scalar(1e-6)?)?.minimum(&Tensor::ones(&[1], DType::F32, &device)?)?;
+    let factor =
+        limit
+            .div(&norm.add_scalar(1e-6)?)?
+            .minimum(&Tensor::ones(&[1], DType::F32, &device)?)?;
     Ok((norm, factor.mul_scalar(inv_loss_scale)?))
 }

@@ -31,14 +31,22 @@ pub struct ParamGroup {
 
 impl ParamGroup {
     pub fn new(params: Vec<(String, Tensor)>, weight_decay: f64) -> Self {
-        ParamGroup { params, weight_decay, lr_scale: 1.0 }
+        ParamGroup {
+            params,
+            weight_decay,
+            lr_scale: 1.0,
+        }
     }
 
     /// Splits parameters the usual way: matrices (rank >= 2) decay, vectors (biases, norm
     /// weights) do not.
     pub fn decay_matrices(params: Vec<(String, Tensor)>, weight_decay: f64) -> Vec<ParamGroup> {
-        let (matrices, vectors): (Vec<_>, Vec<_>) = params.into_iter().partition(|(_, t)| t.rank() >= 2);
-        vec![ParamGroup::new(matrices, weight_decay), ParamGroup::new(vectors, 0.0)]
+        let (matrices, vectors): (Vec<_>, Vec<_>) =
+            params.into_iter().partition(|(_, t)| t.rank() >= 2);
+        vec![
+            ParamGroup::new(matrices, weight_decay),
+            ParamGroup::new(vectors, 0.0),
+        ]
     }
 }
 
@@ -68,12 +76,22 @@ pub trait Optimizer {
 pub(crate) fn zeros_like_params(groups: &[ParamGroup]) -> Result<Vec<Vec<Tensor>>> {
     groups
         .iter()
-        .map(|g| g.params.iter().map(|(_, p)| Tensor::zeros(p.shape(), p.dtype(), p.device())).collect())
+        .map(|g| {
+            g.params
+                .iter()
+                .map(|(_, p)| Tensor::zeros(p.shape(), p.dtype(), p.device()))
+                .collect()
+        })
         .collect()
 }
 
 /// Saves state tensors as `prefix.param_name`.
-pub(crate) fn save_state(out: &mut BTreeMap<String, HostTensor>, prefix: &str, groups: &[ParamGroup], state: &[Vec<Tensor>]) -> Result<()> {
+pub(crate) fn save_state(
+    out: &mut BTreeMap<String, HostTensor>,
+    prefix: &str,
+    groups: &[ParamGroup],
+    state: &[Vec<Tensor>],
+) -> Result<()> {
     for (g, s) in groups.iter().zip(state) {
         for ((name, _), t) in g.params.iter().zip(s) {
             out.insert(format!("{prefix}.{name}"), HostTensor::from_tensor(t)?);
@@ -83,13 +101,29 @@ pub(crate) fn save_state(out: &mut BTreeMap<String, HostTensor>, prefix: &str, g
 }
 
 /// Loads state tensors saved by [`save_state`] into place, checking every shape and dtype.
-pub(crate) fn load_state_into(saved: &BTreeMap<String, HostTensor>, prefix: &str, groups: &[ParamGroup], state: &mut [Vec<Tensor>]) -> Result<()> {
+pub(crate) fn load_state_into(
+    saved: &BTreeMap<String, HostTensor>,
+    prefix: &str,
+    groups: &[ParamGroup],
+    state: &mut [Vec<Tensor>],
+) -> Result<()> {
     for (g, s) in groups.iter().zip(state.iter_mut()) {
         for ((name, p), t) in g.params.iter().zip(s.iter_mut()) {
             let key = format!("{prefix}.{name}");
-            let h = saved.get(&key).ok_or_else(|| Error::format("optimizer state", format!("missing `{key}`")))?;
+            let h = saved
+                .get(&key)
+                .ok_or_else(|| Error::format("optimizer state", format!("missing `{key}`")))?;
             if h.shape != p.shape() || h.dtype != p.dtype() {
-                return Err(Error::format("optimizer state", format!("`{key}` is {:?} {}, expected {:?} {}", h.shape, h.dtype, p.shape(), p.dtype())));
+                return Err(Error::format(
+                    "optimizer state",
+                    format!(
+                        "`{key}` is {:?} {}, expected {:?} {}",
+                        h.shape,
+                        h.dtype,
+                        p.shape(),
+                        p.dtype()
+                    ),
+                ));
             }
             *t = h.to_tensor(p.device())?;
         }
@@ -103,10 +137,15 @@ pub(crate) fn step_tensor(step: u64) -> HostTensor {
 }
 
 pub(crate) fn read_step(saved: &BTreeMap<String, HostTensor>) -> Result<u64> {
-    let h = saved.get("optim.step").ok_or_else(|| Error::format("optimizer state", "missing `optim.step`"))?;
+    let h = saved
+        .get("optim.step")
+        .ok_or_else(|| Error::format("optimizer state", "missing `optim.step`"))?;
     let v = h.to_f64();
     match v.as_slice() {
         [s] if *s >= 0.0 && s.fract() == 0.0 => Ok(*s as u64),
-        _ => Err(Error::format("optimizer state", "`optim.step` is not a step count")),
+        _ => Err(Error::format(
+            "optimizer state",
+            "`optim.step` is not a step count",
+        )),
     }
 }

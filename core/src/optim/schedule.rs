@@ -11,7 +11,12 @@ pub struct Schedule {
 
 impl Schedule {
     pub fn constant(lr: f64) -> Self {
-        Schedule { peak: lr, min_lr: lr, warmup: 0, total: 0 }
+        Schedule {
+            peak: lr,
+            min_lr: lr,
+            warmup: 0,
+            total: 0,
+        }
     }
 
     /// The learning rate for update number `step` (0-based).
@@ -20,10 +25,15 @@ impl Schedule {
             return self.peak * (step + 1) as f64 / self.warmup as f64;
         }
         if step >= self.total || self.total <= self.warmup {
-            return if self.total > self.warmup { self.min_lr } else { self.peak };
+            return if self.total > self.warmup {
+                self.min_lr
+            } else {
+                self.peak
+            };
         }
         let progress = (step - self.warmup) as f64 / (self.total - self.warmup) as f64;
-        self.min_lr + 0.5 * (self.peak - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+        self.min_lr
+            + 0.5 * (self.peak - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
 }
 
@@ -40,7 +50,12 @@ pub struct LossScaler {
 
 impl LossScaler {
     pub fn new(initial: f64, interval: u64) -> Self {
-        LossScaler { scale: initial, interval, good_steps: 0, skipped: 0 }
+        LossScaler {
+            scale: initial,
+            interval,
+            good_steps: 0,
+            skipped: 0,
+        }
     }
 
     /// Records whether the last gradients were finite; returns whether to apply the step.
@@ -66,7 +81,12 @@ mod tests {
 
     #[test]
     fn warmup_then_cosine() {
-        let s = Schedule { peak: 1.0, min_lr: 0.1, warmup: 10, total: 110 };
+        let s = Schedule {
+            peak: 1.0,
+            min_lr: 0.1,
+            warmup: 10,
+            total: 110,
+        };
         assert!((s.lr(0) - 0.1).abs() < 1e-12);
         assert!((s.lr(9) - 1.0).abs() < 1e-12);
         assert!((s.lr(10) - 1.0).abs() < 1e-12);

@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{load_state_into, read_step, save_state, step_tensor, zeros_like_params, Optimizer, ParamGroup};
+use super::{
+    load_state_into, read_step, save_state, step_tensor, zeros_like_params, Optimizer, ParamGroup,
+};
 use crate::io::HostTensor;
 use crate::{Error, Op, Result, Tensor};
 
@@ -17,23 +19,54 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    pub fn new(groups: Vec<ParamGroup>, momentum: f64, dampening: f64, nesterov: bool) -> Result<Self> {
+    pub fn new(
+        groups: Vec<ParamGroup>,
+        momentum: f64,
+        dampening: f64,
+        nesterov: bool,
+    ) -> Result<Self> {
         if nesterov && (momentum <= 0.0 || dampening != 0.0) {
-            return Err(Error::invalid("sgd", "Nesterov momentum needs momentum > 0 and zero dampening"));
+            return Err(Error::invalid(
+                "sgd",
+                "Nesterov momentum needs momentum > 0 and zero dampening",
+            ));
         }
-        let buf = if momentum != 0.0 { zeros_like_params(&groups)? } else { groups.iter().map(|_| Vec::new()).collect() };
-        Ok(Sgd { groups, momentum, dampening, nesterov, step: 0, buf })
+        let buf = if momentum != 0.0 {
+            zeros_like_params(&groups)?
+        } else {
+            groups.iter().map(|_| Vec::new()).collect()
+        };
+        Ok(Sgd {
+            groups,
+            momentum,
+            dampening,
+            nesterov,
+            step: 0,
+            buf,
+        })
     }
 }
 
 impl Optimizer for Sgd {
     fn step(&mut self, lr: f64, grad_scale: &Tensor) -> Result<()> {
         let with_momentum = self.momentum != 0.0;
-        let op = Op::SgdUpdate { momentum: with_momentum, nesterov: self.nesterov };
-        let grad_coef = if self.step == 0 { 1.0 } else { 1.0 - self.dampening };
+        let op = Op::SgdUpdate {
+            momentum: with_momentum,
+            nesterov: self.nesterov,
+        };
+        let grad_coef = if self.step == 0 {
+            1.0
+        } else {
+            1.0 - self.dampening
+        };
         self.step += 1;
         for (gi, group) in self.groups.iter().enumerate() {
-            let scalars = [lr * group.lr_scale, self.momentum, grad_coef, group.weight_decay];
+            let scalars = [
+                lr * group.lr_scale,
+                self.momentum,
+                grad_coef,
+                group.weight_decay,
+            ];
             for (pi, (_, p)) in group.params.iter().enumerate() {
                 let Some(grad) = p.grad() else { continue };
                 if with_momentum {

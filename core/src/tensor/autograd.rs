@@ -46,7 +46,11 @@ pub fn is_grad_enabled() -> bool {
 }
 
 fn attach(out: Tensor, inputs: &[&Tensor], name: String, backward: Box<BackwardFn>) -> Tensor {
-    let node = Node { inputs: inputs.iter().map(|t| (*t).clone()).collect(), backward, name };
+    let node = Node {
+        inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+        backward,
+        name,
+    };
     out.with_node(Some(Arc::new(node)))
 }
 
@@ -55,7 +59,12 @@ fn wants_grad(inputs: &[&Tensor]) -> bool {
 }
 
 /// Attaches the backward of `op` to its first output when gradients are wanted.
-pub(super) fn record(op: &Op, inputs: &[&Tensor], scalars: &[f64], mut outputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+pub(super) fn record(
+    op: &Op,
+    inputs: &[&Tensor],
+    scalars: &[f64],
+    mut outputs: Vec<Tensor>,
+) -> Result<Vec<Tensor>> {
     if !op.differentiable() || !wants_grad(inputs) || outputs.is_empty() {
         return Ok(outputs);
     }
@@ -63,7 +72,8 @@ pub(super) fn record(op: &Op, inputs: &[&Tensor], scalars: &[f64], mut outputs: 
     // Outputs are saved without their history, so the graph holds no cycle.
     let saved_outputs: Vec<Tensor> = outputs.iter().map(Tensor::detach).collect();
     let (op_c, scalars) = (op.clone(), scalars.to_vec());
-    let backward = Box::new(move |g: &Tensor| vjp(&op_c, &saved_inputs, &saved_outputs, &scalars, g));
+    let backward =
+        Box::new(move |g: &Tensor| vjp(&op_c, &saved_inputs, &saved_outputs, &scalars, g));
     let first = outputs.remove(0);
     outputs.insert(0, attach(first, inputs, op.name(), backward));
     Ok(outputs)
@@ -123,7 +133,11 @@ impl Tensor {
 
     /// The accumulated gradient of a leaf.
     pub fn grad(&self) -> Option<Tensor> {
-        self.0.grad.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .grad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Replaces the accumulated gradient (optimizers and gradient clipping use this).
@@ -138,7 +152,13 @@ impl Tensor {
     /// Backpropagates from a one-element tensor (seed 1).
     pub fn backward(&self) -> Result<()> {
         if self.numel() != 1 {
-            return Err(Error::shape("backward", format!("needs a one-element tensor or an explicit gradient; shape {:?}", self.shape())));
+            return Err(Error::shape(
+                "backward",
+                format!(
+                    "needs a one-element tensor or an explicit gradient; shape {:?}",
+                    self.shape()
+                ),
+            ));
         }
         let seed = Tensor::ones(self.shape(), self.dtype(), self.device())?;
         self.backward_with(&seed)
@@ -147,12 +167,21 @@ impl Tensor {
     /// Backpropagates `grad` (the gradient of some scalar with respect to this tensor).
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
         if !self.0.requires_grad {
-            return Err(Error::invalid("backward", "the tensor does not require gradients"));
+            return Err(Error::invalid(
+                "backward",
+                "the tensor does not require gradients",
+            ));
         }
         if grad.shape() != self.shape() || grad.dtype() != self.dtype() {
             return Err(Error::shape(
                 "backward",
-                format!("gradient {:?} {} does not match tensor {:?} {}", grad.shape(), grad.dtype(), self.shape(), self.dtype()),
+                format!(
+                    "gradient {:?} {} does not match tensor {:?} {}",
+                    grad.shape(),
+                    grad.dtype(),
+                    self.shape(),
+                    self.dtype()
+                ),
             ));
         }
         let _guard = no_grad();
@@ -163,7 +192,9 @@ impl Tensor {
         let mut grads: HashMap<usize, Tensor> = HashMap::new();
         grads.insert(node_id(&root), grad.clone());
         for node in order.iter().rev() {
-            let Some(g) = grads.remove(&node_id(node)) else { continue };
+            let Some(g) = grads.remove(&node_id(node)) else {
+                continue;
+            };
             let input_grads = (node.backward)(&g)?;
             for (input, gi) in node.inputs.iter().zip(input_grads) {
                 let Some(gi) = gi else { continue };
@@ -173,7 +204,13 @@ impl Tensor {
                 if gi.shape() != input.shape() || gi.dtype() != input.dtype() {
                     return Err(Error::shape(
                         &node.name,
-                        format!("backward produced {:?} {} for an input of {:?} {}", gi.shape(), gi.dtype(), input.shape(), input.dtype()),
+                        format!(
+                            "backward produced {:?} {} for an input of {:?} {}",
+                            gi.shape(),
+                            gi.dtype(),
+                            input.shape(),
+                            input.dtype()
+                        ),
                     ));
                 }
                 match &input.0.node {
@@ -233,18 +270,37 @@ fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
 }
 
 fn first(outputs: Vec<Tensor>) -> Tensor {
-    outputs.into_iter().next().expect("catalog ops have at least one output")
+    outputs
+        .into_iter()
+        .next()
+        .expect("catalog ops have at least one output")
 }
 
 /// The vector-Jacobian product of `op`: input gradients from the first output's gradient.
-fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Result<Vec<Option<Tensor>>> {
-    let run = |op: Op, inputs: &[&Tensor], scalars: &[f64], out: Option<&[usize]>| -> Result<Tensor> {
-        Ok(first(Tensor::apply(&op, inputs, scalars, out)?))
-    };
+fn vjp(
+    op: &Op,
+    x: &[Tensor],
+    y: &[Tensor],
+    scalars: &[f64],
+    g: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
+    let run =
+        |op: Op, inputs: &[&Tensor], scalars: &[f64], out: Option<&[usize]>| -> Result<Tensor> {
+            Ok(first(Tensor::apply(&op, inputs, scalars, out)?))
+        };
     Ok(match op {
-        Op::Cast { .. } => vec![x[0].dtype().is_float().then(|| g.to_dtype(x[0].dtype())).transpose()?],
+        Op::Cast { .. } => vec![x[0]
+            .dtype()
+            .is_float()
+            .then(|| g.to_dtype(x[0].dtype()))
+            .transpose()?],
         Op::Copy => vec![Some(g.clone())],
-        Op::Unary(u) => vec![Some(run(Op::UnaryBackward(*u), &[&x[0], g], scalars, None)?)],
+        Op::Unary(u) => vec![Some(run(
+            Op::UnaryBackward(*u),
+            &[&x[0], g],
+            scalars,
+            None,
+        )?)],
         Op::Binary(b) => {
             let (a, bb) = (&x[0], &x[1]);
             match b {
@@ -253,10 +309,17 @@ fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Resu
                 BinaryOp::Mul => vec![Some(g.mul(bb)?), Some(g.mul(a)?)],
                 BinaryOp::Div => vec![Some(g.div(bb)?), Some(g.mul(&y[0])?.div(bb)?.neg()?)],
                 BinaryOp::Maximum | BinaryOp::Minimum => {
-                    let cmp = if *b == BinaryOp::Maximum { CompareOp::Ge } else { CompareOp::Le };
+                    let cmp = if *b == BinaryOp::Maximum {
+                        CompareOp::Ge
+                    } else {
+                        CompareOp::Le
+                    };
                     let to_a = run(Op::Compare(cmp), &[a, bb], &[], None)?;
                     let zero = Tensor::zeros(&[], g.dtype(), g.device())?.expand(g.shape())?;
-                    vec![Some(Tensor::where_(&to_a, g, &zero)?), Some(Tensor::where_(&to_a, &zero, g)?)]
+                    vec![
+                        Some(Tensor::where_(&to_a, g, &zero)?),
+                        Some(Tensor::where_(&to_a, &zero, g)?),
+                    ]
                 }
                 BinaryOp::Pow => {
                     let da = g.mul(bb)?.mul(&a.pow(&bb.affine(1.0, -1.0)?)?)?;
@@ -267,7 +330,11 @@ fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Resu
         }
         Op::Where => {
             let zero = Tensor::zeros(&[], g.dtype(), g.device())?.expand(g.shape())?;
-            vec![None, Some(Tensor::where_(&x[0], g, &zero)?), Some(Tensor::where_(&x[0], &zero, g)?)]
+            vec![
+                None,
+                Some(Tensor::where_(&x[0], g, &zero)?),
+                Some(Tensor::where_(&x[0], &zero, g)?),
+            ]
         }
         Op::SwiGlu => {
             let mut d = Tensor::apply(&Op::SwiGluBackward, &[&x[0], &x[1], g], &[], None)?;
@@ -284,7 +351,8 @@ fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Resu
                 ReduceOp::Mean => gk.affine(1.0 / count as f64, 0.0)?.expand(shape)?,
                 ReduceOp::Max | ReduceOp::Min => {
                     let yk = y[0].reshape(&kept)?.expand(shape)?;
-                    let mask = run(Op::Compare(CompareOp::Eq), &[&x[0], &yk], &[], None)?.to_dtype(g.dtype())?;
+                    let mask = run(Op::Compare(CompareOp::Eq), &[&x[0], &yk], &[], None)?
+                        .to_dtype(g.dtype())?;
                     let ties = mask.sum(axes, true)?;
                     mask.mul(&gk.div(&ties)?.expand(shape)?)?
                 }
@@ -293,17 +361,33 @@ fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Resu
         }
         Op::Softmax => vec![Some(run(Op::SoftmaxBackward, &[&y[0], g], &[], None)?)],
         Op::LogSoftmax => vec![Some(run(Op::LogSoftmaxBackward, &[&y[0], g], &[], None)?)],
-        Op::Matmul { bias, activation, residual } => {
+        Op::Matmul {
+            bias,
+            activation,
+            residual,
+        } => {
             let (a, b) = (&x[0], &x[1]);
             let g_pre = match activation {
                 Some(act) => {
                     let inputs: Vec<&Tensor> = x[..2 + usize::from(*bias)].iter().collect();
-                    let pre = run(Op::Matmul { bias: *bias, activation: None, residual: false }, &inputs, &[], None)?;
+                    let pre = run(
+                        Op::Matmul {
+                            bias: *bias,
+                            activation: None,
+                            residual: false,
+                        },
+                        &inputs,
+                        &[],
+                        None,
+                    )?;
                     run(Op::UnaryBackward(*act), &[&pre, g], &[], None)?
                 }
                 None => g.clone(),
             };
-            let mut grads = vec![Some(g_pre.matmul(&b.transpose(-1, -2)?)?), Some(a.transpose(-1, -2)?.matmul(&g_pre)?)];
+            let mut grads = vec![
+                Some(g_pre.matmul(&b.transpose(-1, -2)?)?),
+                Some(a.transpose(-1, -2)?.matmul(&g_pre)?),
+            ];
             if *bias {
                 let lead: Vec<usize> = (0..g.rank() - 1).collect();
                 grads.push(Some(g_pre.sum(&lead, false)?));
@@ -323,28 +407,76 @@ fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Resu
             }
             grads
         }
-        Op::Embedding => vec![Some(run(Op::EmbeddingBackward, &[&x[1], g], &[], Some(x[0].shape()))?), None],
-        Op::Gather { axis } => vec![Some(run(Op::ScatterAdd { axis: *axis }, &[&x[1], g], &[], Some(x[0].shape()))?), None],
+        Op::Embedding => vec![
+            Some(run(
+                Op::EmbeddingBackward,
+                &[&x[1], g],
+                &[],
+                Some(x[0].shape()),
+            )?),
+            None,
+        ],
+        Op::Gather { axis } => vec![
+            Some(run(
+                Op::ScatterAdd { axis: *axis },
+                &[&x[1], g],
+                &[],
+                Some(x[0].shape()),
+            )?),
+            None,
+        ],
         Op::LayerNorm => {
-            let d = Tensor::apply(&Op::LayerNormBackward, &[&x[0], &x[1], &y[1], &y[2], g], &[], None)?;
+            let d = Tensor::apply(
+                &Op::LayerNormBackward,
+                &[&x[0], &x[1], &y[1], &y[2], g],
+                &[],
+                None,
+            )?;
             d.into_iter().map(Some).collect()
         }
         Op::RmsNorm => {
             let d = Tensor::apply(&Op::RmsNormBackward, &[&x[0], &x[1], &y[1], g], &[], None)?;
             d.into_iter().map(Some).collect()
         }
-        Op::Rotary => vec![Some(run(Op::Rotary, &[g, &x[1], &x[2].neg()?], &[], None)?), None, None],
+        Op::Rotary => vec![
+            Some(run(Op::Rotary, &[g, &x[1], &x[2].neg()?], &[], None)?),
+            None,
+            None,
+        ],
         Op::Attention { causal } => {
             let inputs = [&x[0], &x[1], &x[2], &y[0], &y[1], g];
-            let d = Tensor::apply(&Op::AttentionBackward { causal: *causal }, &inputs, scalars, None)?;
+            let d = Tensor::apply(
+                &Op::AttentionBackward { causal: *causal },
+                &inputs,
+                scalars,
+                None,
+            )?;
             d.into_iter().map(Some).collect()
         }
-        Op::CrossEntropy => vec![Some(run(Op::CrossEntropyBackward, &[&x[0], &x[1], &y[1], g], &[], None)?), None],
+        Op::CrossEntropy => vec![
+            Some(run(
+                Op::CrossEntropyBackward,
+                &[&x[0], &x[1], &y[1], g],
+                &[],
+                None,
+            )?),
+            None,
+        ],
         Op::Conv2d { params, bias } => {
             let p = *params;
             let mut grads = vec![
-                Some(run(Op::Conv2dBackwardData { params: p }, &[g, &x[1]], &[], Some(x[0].shape()))?),
-                Some(run(Op::Conv2dBackwardWeight { params: p }, &[&x[0], g], &[], Some(x[1].shape()))?),
+                Some(run(
+                    Op::Conv2dBackwardData { params: p },
+                    &[g, &x[1]],
+                    &[],
+                    Some(x[0].shape()),
+                )?),
+                Some(run(
+                    Op::Conv2dBackwardWeight { params: p },
+                    &[&x[0], g],
+                    &[],
+                    Some(x[1].shape()),
+                )?),
             ];
             if *bias {
                 grads.push(Some(g.sum(&[0, 2, 3], false)?));
@@ -358,7 +490,11 @@ fn vjp(op: &Op, x: &[Tensor], y: &[Tensor], scalars: &[f64], g: &Tensor) -> Resu
 impl ReduceOp {
     /// The shape of a reduction's output with the reduced axes kept as size 1.
     pub fn kept_shape(shape: &[usize], axes: &[usize]) -> Vec<usize> {
-        shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
+        shape
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+            .collect()
     }
 }
 
@@ -368,7 +504,11 @@ impl Tensor {
         let out = Tensor::zeros(shape, self.dtype(), self.device())?;
         let region = out.layout().narrow(axis, start, self.shape()[axis]);
         let kernel = self.device().kernel(&Op::Copy, &[self.dtype()])?;
-        let dst = crate::TensorRef { buffer: out.buffer(), layout: &region, dtype: self.dtype() };
+        let dst = crate::TensorRef {
+            buffer: out.buffer(),
+            layout: &region,
+            dtype: self.dtype(),
+        };
         kernel.launch(&[self.as_ref()], &[dst], &[])?;
         Ok(out)
     }
@@ -376,11 +516,12 @@ impl Tensor {
     /// Sums broadcast dimensions away so the result has `shape` (expand's gradient).
     pub(super) fn sum_to_shape(&self, shape: &[usize]) -> Result<Tensor> {
         let lead = self.rank() - shape.len();
-        let axes: Vec<usize> = (0..self.rank()).filter(|&i| i < lead || (shape[i - lead] == 1 && self.shape()[i] != 1)).collect();
+        let axes: Vec<usize> = (0..self.rank())
+            .filter(|&i| i < lead || (shape[i - lead] == 1 && self.shape()[i] != 1))
+            .collect();
         if axes.is_empty() {
             return self.reshape(shape);
         }
         self.sum(&axes, true)?.reshape(shape)
     }
 }
-

@@ -11,7 +11,16 @@ impl Tensor {
     /// Broadcasts both operands to a common shape (views) before a binary op.
     fn broadcast_pair(&self, other: &Tensor, name: &str) -> Result<(Tensor, Tensor)> {
         let shape = broadcast_shapes(self.shape(), other.shape()).ok_or_else(|| {
-            Error::shape(name, format!("{:?} {} and {:?} {} do not broadcast", self.shape(), self.dtype(), other.shape(), other.dtype()))
+            Error::shape(
+                name,
+                format!(
+                    "{:?} {} and {:?} {} do not broadcast",
+                    self.shape(),
+                    self.dtype(),
+                    other.shape(),
+                    other.dtype()
+                ),
+            )
         })?;
         Ok((self.expand(&shape)?, other.expand(&shape)?))
     }
@@ -131,7 +140,17 @@ impl Tensor {
     pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shapes(cond.shape(), a.shape())
             .and_then(|s| broadcast_shapes(&s, b.shape()))
-            .ok_or_else(|| Error::shape("where", format!("{:?}, {:?} and {:?} do not broadcast", cond.shape(), a.shape(), b.shape())))?;
+            .ok_or_else(|| {
+                Error::shape(
+                    "where",
+                    format!(
+                        "{:?}, {:?} and {:?} do not broadcast",
+                        cond.shape(),
+                        a.shape(),
+                        b.shape()
+                    ),
+                )
+            })?;
         let (c, a, b) = (cond.expand(&shape)?, a.expand(&shape)?, b.expand(&shape)?);
         Ok(Tensor::apply(&Op::Where, &[&c, &a, &b], &[], None)?.remove(0))
     }

@@ -20,10 +20,24 @@ impl Tensor {
     ) -> Result<Tensor> {
         let (a, b) = (self.shape(), other.shape());
         if a.len() < 2 || b.len() < 2 {
-            return Err(Error::shape("matmul", format!("operands need rank >= 2; got {a:?} {} and {b:?} {}", self.dtype(), other.dtype())));
+            return Err(Error::shape(
+                "matmul",
+                format!(
+                    "operands need rank >= 2; got {a:?} {} and {b:?} {}",
+                    self.dtype(),
+                    other.dtype()
+                ),
+            ));
         }
         let batch = broadcast_shapes(&a[..a.len() - 2], &b[..b.len() - 2]).ok_or_else(|| {
-            Error::shape("matmul", format!("batch dimensions of {a:?} {} and {b:?} {} do not broadcast", self.dtype(), other.dtype()))
+            Error::shape(
+                "matmul",
+                format!(
+                    "batch dimensions of {a:?} {} and {b:?} {} do not broadcast",
+                    self.dtype(),
+                    other.dtype()
+                ),
+            )
         })?;
         let with = |mut batch: Vec<usize>, rows: usize, cols: usize| {
             batch.extend([rows, cols]);
@@ -34,7 +48,11 @@ impl Tensor {
         let mut inputs = vec![&lhs, &rhs];
         inputs.extend(bias);
         inputs.extend(residual);
-        let op = Op::Matmul { bias: bias.is_some(), activation, residual: residual.is_some() };
+        let op = Op::Matmul {
+            bias: bias.is_some(),
+            activation,
+            residual: residual.is_some(),
+        };
         Ok(Tensor::apply(&op, &inputs, &[], None)?.remove(0))
     }
 
@@ -45,9 +63,21 @@ impl Tensor {
     }
 
     /// [`Tensor::linear`] with an activation in the matmul's epilogue.
-    pub fn linear_fused(&self, weight: &Tensor, bias: Option<&Tensor>, activation: Option<UnaryOp>) -> Result<Tensor> {
+    pub fn linear_fused(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        activation: Option<UnaryOp>,
+    ) -> Result<Tensor> {
         if self.rank() < 1 || weight.rank() != 2 {
-            return Err(Error::shape("linear", format!("need x [..., in] and weight [out, in]; got {:?} and {:?}", self.shape(), weight.shape())));
+            return Err(Error::shape(
+                "linear",
+                format!(
+                    "need x [..., in] and weight [out, in]; got {:?} and {:?}",
+                    self.shape(),
+                    weight.shape()
+                ),
+            ));
         }
         let k = self.shape()[self.rank() - 1];
         let rows = self.numel() / k.max(1);

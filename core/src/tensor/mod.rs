@@ -40,7 +40,13 @@ struct Inner {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({:?} {} on {})", self.shape(), self.dtype(), self.device().info().id())
+        write!(
+            f,
+            "Tensor({:?} {} on {})",
+            self.shape(),
+            self.dtype(),
+            self.device().info().id()
+        )
     }
 }
 
@@ -48,8 +54,21 @@ impl Tensor {
     // ---- construction -------------------------------------------------------------------
 
     /// A tensor over `buffer` with any layout that fits it.
-    pub fn from_parts(buffer: Arc<dyn crate::Buffer>, layout: Layout, dtype: DType, device: Arc<dyn Device>) -> Tensor {
-        Tensor(Arc::new(Inner { buffer, layout, dtype, device, node: None, requires_grad: false, grad: Mutex::new(None) }))
+    pub fn from_parts(
+        buffer: Arc<dyn crate::Buffer>,
+        layout: Layout,
+        dtype: DType,
+        device: Arc<dyn Device>,
+    ) -> Tensor {
+        Tensor(Arc::new(Inner {
+            buffer,
+            layout,
+            dtype,
+            device,
+            node: None,
+            requires_grad: false,
+            grad: Mutex::new(None),
+        }))
     }
 
     fn with_node(&self, node: Option<Arc<Node>>) -> Tensor {
@@ -66,26 +85,66 @@ impl Tensor {
     }
 
     fn view(&self, layout: Layout) -> Tensor {
-        Tensor::from_parts(self.0.buffer.clone(), layout, self.0.dtype, self.0.device.clone())
+        Tensor::from_parts(
+            self.0.buffer.clone(),
+            layout,
+            self.0.dtype,
+            self.0.device.clone(),
+        )
     }
 
     /// Uploads host values, converted to `dtype` as [`Element::from_f64`] converts.
-    pub fn from_f64(values: &[f64], shape: &[usize], dtype: DType, device: &Arc<dyn Device>) -> Result<Tensor> {
-        Tensor::from_bytes(&crate::encode_f64(values, dtype), shape, dtype, device, values.len())
+    pub fn from_f64(
+        values: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: &Arc<dyn Device>,
+    ) -> Result<Tensor> {
+        Tensor::from_bytes(
+            &crate::encode_f64(values, dtype),
+            shape,
+            dtype,
+            device,
+            values.len(),
+        )
     }
 
     /// Uploads a host slice of a Rust element type.
-    pub fn from_slice<T: Element>(values: &[T], shape: &[usize], device: &Arc<dyn Device>) -> Result<Tensor> {
-        Tensor::from_bytes(bytemuck::cast_slice(values), shape, T::DTYPE, device, values.len())
+    pub fn from_slice<T: Element>(
+        values: &[T],
+        shape: &[usize],
+        device: &Arc<dyn Device>,
+    ) -> Result<Tensor> {
+        Tensor::from_bytes(
+            bytemuck::cast_slice(values),
+            shape,
+            T::DTYPE,
+            device,
+            values.len(),
+        )
     }
 
-    fn from_bytes(bytes: &[u8], shape: &[usize], dtype: DType, device: &Arc<dyn Device>, len: usize) -> Result<Tensor> {
+    fn from_bytes(
+        bytes: &[u8],
+        shape: &[usize],
+        dtype: DType,
+        device: &Arc<dyn Device>,
+        len: usize,
+    ) -> Result<Tensor> {
         if numel(shape) != len {
-            return Err(Error::shape("from_data", format!("{len} values do not fill shape {shape:?} ({dtype})")));
+            return Err(Error::shape(
+                "from_data",
+                format!("{len} values do not fill shape {shape:?} ({dtype})"),
+            ));
         }
         let buffer = device.alloc(bytes.len())?;
         device.write(&buffer, 0, bytes)?;
-        Ok(Tensor::from_parts(buffer, Layout::contiguous(shape), dtype, device.clone()))
+        Ok(Tensor::from_parts(
+            buffer,
+            Layout::contiguous(shape),
+            dtype,
+            device.clone(),
+        ))
     }
 
     /// A scalar (rank-0) tensor.
@@ -93,7 +152,12 @@ impl Tensor {
         Tensor::full(&[], value, dtype, device)
     }
 
-    pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Arc<dyn Device>) -> Result<Tensor> {
+    pub fn full(
+        shape: &[usize],
+        value: f64,
+        dtype: DType,
+        device: &Arc<dyn Device>,
+    ) -> Result<Tensor> {
         Tensor::create(device, Op::Fill { dtype }, &[value], shape)
     }
 
@@ -106,7 +170,13 @@ impl Tensor {
     }
 
     /// `[start, start + step, ...]`, `n` values.
-    pub fn arange(n: usize, start: f64, step: f64, dtype: DType, device: &Arc<dyn Device>) -> Result<Tensor> {
+    pub fn arange(
+        n: usize,
+        start: f64,
+        step: f64,
+        dtype: DType,
+        device: &Arc<dyn Device>,
+    ) -> Result<Tensor> {
         Tensor::create(device, Op::Arange { dtype }, &[start, step], &[n])
     }
 
@@ -122,7 +192,12 @@ impl Tensor {
         let (key, counter) = rng.next_launch();
         let [k0, k1] = crate::rng::split_u64(key);
         let [c0, c1] = crate::rng::split_u64(counter);
-        Tensor::create(device, Op::RandUniform { dtype }, &[k0, k1, c0, c1, low, high], shape)
+        Tensor::create(
+            device,
+            Op::RandUniform { dtype },
+            &[k0, k1, c0, c1, low, high],
+            shape,
+        )
     }
 
     /// Normal values with `mean` and `std` from the keyed generator; advances `rng`.
@@ -137,10 +212,20 @@ impl Tensor {
         let (key, counter) = rng.next_launch();
         let [k0, k1] = crate::rng::split_u64(key);
         let [c0, c1] = crate::rng::split_u64(counter);
-        Tensor::create(device, Op::RandNormal { dtype }, &[k0, k1, c0, c1, mean, std], shape)
+        Tensor::create(
+            device,
+            Op::RandNormal { dtype },
+            &[k0, k1, c0, c1, mean, std],
+            shape,
+        )
     }
 
-    fn create(device: &Arc<dyn Device>, op: Op, scalars: &[f64], shape: &[usize]) -> Result<Tensor> {
+    fn create(
+        device: &Arc<dyn Device>,
+        op: Op,
+        scalars: &[f64],
+        shape: &[usize],
+    ) -> Result<Tensor> {
         Ok(Tensor::apply_on(device, &op, &[], scalars, Some(shape))?.remove(0))
     }
 
@@ -184,7 +269,11 @@ impl Tensor {
     }
 
     pub(crate) fn as_ref(&self) -> TensorRef<'_> {
-        TensorRef { buffer: &self.0.buffer, layout: &self.0.layout, dtype: self.0.dtype }
+        TensorRef {
+            buffer: &self.0.buffer,
+            layout: &self.0.layout,
+            dtype: self.0.dtype,
+        }
     }
 
     /// Whether two handles view the same storage (used by in-place updates).
@@ -199,26 +288,42 @@ impl Tensor {
         let t = self.contiguous()?;
         let size = t.dtype().size();
         let mut bytes = vec![0u8; t.numel() * size];
-        t.device().read(t.buffer(), t.layout().offset * size, &mut bytes)?;
+        t.device()
+            .read(t.buffer(), t.layout().offset * size, &mut bytes)?;
         Ok(crate::decode_f64(&bytes, t.dtype()))
     }
 
     /// Reads the elements as `T`, which must be the tensor's dtype.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::dtype("to_vec", format!("tensor is {:?} {}, asked for {}", self.shape(), self.dtype(), T::DTYPE)));
+            return Err(Error::dtype(
+                "to_vec",
+                format!(
+                    "tensor is {:?} {}, asked for {}",
+                    self.shape(),
+                    self.dtype(),
+                    T::DTYPE
+                ),
+            ));
         }
         let t = self.contiguous()?;
         let mut out = vec![T::zeroed(); t.numel()];
         let size = t.dtype().size();
-        t.device().read(t.buffer(), t.layout().offset * size, bytemuck::cast_slice_mut(&mut out))?;
+        t.device().read(
+            t.buffer(),
+            t.layout().offset * size,
+            bytemuck::cast_slice_mut(&mut out),
+        )?;
         Ok(out)
     }
 
     /// The single element of a one-element tensor, as f64.
     pub fn item(&self) -> Result<f64> {
         if self.numel() != 1 {
-            return Err(Error::shape("item", format!("needs exactly one element; shape {:?}", self.shape())));
+            return Err(Error::shape(
+                "item",
+                format!("needs exactly one element; shape {:?}", self.shape()),
+            ));
         }
         Ok(self.to_vec_f64()?[0])
     }
@@ -231,7 +336,8 @@ impl Tensor {
         let t = self.contiguous()?;
         let size = t.dtype().size();
         let mut bytes = vec![0u8; t.numel() * size];
-        t.device().read(t.buffer(), t.layout().offset * size, &mut bytes)?;
+        t.device()
+            .read(t.buffer(), t.layout().offset * size, &mut bytes)?;
         Tensor::from_bytes(&bytes, t.shape(), t.dtype(), device, t.numel())
     }
 
@@ -240,8 +346,15 @@ impl Tensor {
     /// Runs a catalog op on the inputs' device and records its backward when gradients are
     /// enabled and an input requires them. Inputs are made contiguous first when the op does
     /// not read strided inputs. Returns the op's outputs; the first is the differentiable one.
-    pub fn apply(op: &Op, inputs: &[&Tensor], scalars: &[f64], out_shape: Option<&[usize]>) -> Result<Vec<Tensor>> {
-        let first = inputs.first().ok_or_else(|| Error::invalid(&op.name(), "needs a device; use apply_on"))?;
+    pub fn apply(
+        op: &Op,
+        inputs: &[&Tensor],
+        scalars: &[f64],
+        out_shape: Option<&[usize]>,
+    ) -> Result<Vec<Tensor>> {
+        let first = inputs
+            .first()
+            .ok_or_else(|| Error::invalid(&op.name(), "needs a device; use apply_on"))?;
         Tensor::apply_on(&first.device().clone(), op, inputs, scalars, out_shape)
     }
 
@@ -268,17 +381,27 @@ impl Tensor {
         let name = op.name();
         for t in inputs {
             if !same_device(t.device(), device) {
-                return Err(Error::DeviceMismatch { op: name, first: device.info().id(), second: t.device().info().id() });
+                return Err(Error::DeviceMismatch {
+                    op: name,
+                    first: device.info().id(),
+                    second: t.device().info().id(),
+                });
             }
         }
         let owned: Vec<Tensor>;
         let inputs: Vec<&Tensor> = if op.reads_strided() {
             inputs.to_vec()
         } else {
-            owned = inputs.iter().map(|t| t.contiguous()).collect::<Result<_>>()?;
+            owned = inputs
+                .iter()
+                .map(|t| t.contiguous())
+                .collect::<Result<_>>()?;
             owned.iter().collect()
         };
-        let specs: Vec<TensorSpec> = inputs.iter().map(|t| TensorSpec::new(t.shape(), t.dtype())).collect();
+        let specs: Vec<TensorSpec> = inputs
+            .iter()
+            .map(|t| TensorSpec::new(t.shape(), t.dtype()))
+            .collect();
         let out_specs = op.infer(&specs, out_shape)?;
         let dtypes: Vec<DType> = specs.iter().map(|s| s.dtype).collect();
         let kernel = device.kernel(op, &dtypes)?;
@@ -286,10 +409,18 @@ impl Tensor {
             .iter()
             .map(|s| {
                 let bytes = numel(&s.shape).checked_mul(s.dtype.size()).ok_or_else(|| {
-                    Error::invalid(&name, format!("output {:?} {} is too large", s.shape, s.dtype))
+                    Error::invalid(
+                        &name,
+                        format!("output {:?} {} is too large", s.shape, s.dtype),
+                    )
                 })?;
                 let buffer = device.alloc(bytes)?;
-                Ok(Tensor::from_parts(buffer, Layout::contiguous(&s.shape), s.dtype, device.clone()))
+                Ok(Tensor::from_parts(
+                    buffer,
+                    Layout::contiguous(&s.shape),
+                    s.dtype,
+                    device.clone(),
+                ))
             })
             .collect::<Result<Vec<_>>>()?;
         let in_refs: Vec<TensorRef<'_>> = inputs.iter().map(|t| t.as_ref()).collect();
@@ -300,15 +431,30 @@ impl Tensor {
 
     /// Runs an op whose outputs are existing tensors updated in place (optimizer updates).
     /// Never recorded.
-    pub fn apply_in_place(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor], scalars: &[f64]) -> Result<()> {
+    pub fn apply_in_place(
+        op: &Op,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        scalars: &[f64],
+    ) -> Result<()> {
         let name = op.name();
-        let device = inputs.first().ok_or_else(|| Error::invalid(&name, "needs inputs"))?.device();
+        let device = inputs
+            .first()
+            .ok_or_else(|| Error::invalid(&name, "needs inputs"))?
+            .device();
         for t in inputs.iter().chain(outputs) {
             if !same_device(t.device(), device) {
-                return Err(Error::DeviceMismatch { op: name, first: device.info().id(), second: t.device().info().id() });
+                return Err(Error::DeviceMismatch {
+                    op: name,
+                    first: device.info().id(),
+                    second: t.device().info().id(),
+                });
             }
             if !t.is_contiguous() {
-                return Err(Error::invalid(&name, format!("in-place operands must be contiguous; got {:?}", t.layout())));
+                return Err(Error::invalid(
+                    &name,
+                    format!("in-place operands must be contiguous; got {:?}", t.layout()),
+                ));
             }
         }
         let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
@@ -337,7 +483,10 @@ impl Tensor {
         }
         let src = self.contiguous()?;
         let layout = src.layout().reshape(&shape).ok_or_else(|| {
-            Error::shape("reshape", format!("cannot view {:?} as {shape:?}", self.shape()))
+            Error::shape(
+                "reshape",
+                format!("cannot view {:?} as {shape:?}", self.shape()),
+            )
         })?;
         let out = src.view(layout);
         autograd::record_view(out, self, autograd::ViewKind::Reshape)
@@ -346,12 +495,28 @@ impl Tensor {
     fn resolve_shape(&self, shape: &[usize]) -> Result<Vec<usize>> {
         let requested = shape;
         let mut shape = shape.to_vec();
-        let holes: Vec<usize> = (0..shape.len()).filter(|&i| shape[i] == usize::MAX).collect();
-        let err = || Error::shape("reshape", format!("cannot reshape {:?} ({} elements) to {requested:?}", self.shape(), self.numel()));
+        let holes: Vec<usize> = (0..shape.len())
+            .filter(|&i| shape[i] == usize::MAX)
+            .collect();
+        let err = || {
+            Error::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {:?} ({} elements) to {requested:?}",
+                    self.shape(),
+                    self.numel()
+                ),
+            )
+        };
         match holes.as_slice() {
             [] => {}
             [h] => {
-                let known: usize = shape.iter().enumerate().filter(|(i, _)| i != h).map(|(_, &d)| d).product();
+                let known: usize = shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i != h)
+                    .map(|(_, &d)| d)
+                    .product();
                 if known == 0 || !self.numel().is_multiple_of(known) {
                     return Err(err());
                 }
@@ -376,9 +541,18 @@ impl Tensor {
     /// Reorders axes (a view): output axis `i` is input axis `perm[i]`.
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
         let mut seen = vec![false; self.rank()];
-        let valid = perm.len() == self.rank() && perm.iter().all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
+        let valid = perm.len() == self.rank()
+            && perm
+                .iter()
+                .all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
         if !valid {
-            return Err(Error::invalid("permute", format!("{perm:?} is not a permutation of the axes of {:?}", self.shape())));
+            return Err(Error::invalid(
+                "permute",
+                format!(
+                    "{perm:?} is not a permutation of the axes of {:?}",
+                    self.shape()
+                ),
+            ));
         }
         let out = self.view(self.layout().permute(perm));
         autograd::record_view(out, self, autograd::ViewKind::Permute(perm.to_vec()))
@@ -407,7 +581,12 @@ impl Tensor {
         let size = self.shape()[a] as isize;
         let i = if index < 0 { index + size } else { index };
         if i < 0 || i >= size {
-            return Err(Error::Index { op: "select".into(), index, size: size as usize, shape: self.shape().to_vec() });
+            return Err(Error::Index {
+                op: "select".into(),
+                index,
+                size: size as usize,
+                shape: self.shape().to_vec(),
+            });
         }
         let mut shape = self.shape().to_vec();
         shape.remove(a);
@@ -420,7 +599,10 @@ impl Tensor {
             return Ok(self.clone());
         }
         let layout = self.layout().broadcast_to(shape).ok_or_else(|| {
-            Error::shape("expand", format!("cannot broadcast {:?} to {shape:?}", self.shape()))
+            Error::shape(
+                "expand",
+                format!("cannot broadcast {:?} to {shape:?}", self.shape()),
+            )
         })?;
         let out = self.view(layout);
         autograd::record_view(out, self, autograd::ViewKind::Expand)
@@ -431,7 +613,12 @@ impl Tensor {
         let rank = self.rank() as isize;
         let a = if axis < 0 { axis + rank + 1 } else { axis };
         if a < 0 || a > rank {
-            return Err(Error::Axis { op: "unsqueeze".into(), axis, rank: self.rank(), shape: self.shape().to_vec() });
+            return Err(Error::Axis {
+                op: "unsqueeze".into(),
+                axis,
+                rank: self.rank(),
+                shape: self.shape().to_vec(),
+            });
         }
         let mut shape = self.shape().to_vec();
         shape.insert(a as usize, 1);
@@ -443,10 +630,18 @@ impl Tensor {
         let a = normalize_axis("chunk", axis, self.shape())?;
         let size = self.shape()[a];
         if chunks == 0 || !size.is_multiple_of(chunks) {
-            return Err(Error::shape("chunk", format!("axis {a} of {:?} does not split into {chunks} equal parts", self.shape())));
+            return Err(Error::shape(
+                "chunk",
+                format!(
+                    "axis {a} of {:?} does not split into {chunks} equal parts",
+                    self.shape()
+                ),
+            ));
         }
         let part = size / chunks;
-        (0..chunks).map(|i| self.narrow(a as isize, i * part, part)).collect()
+        (0..chunks)
+            .map(|i| self.narrow(a as isize, i * part, part))
+            .collect()
     }
 
     /// Converts to `dtype` (rounding as the `cast` op documents).

@@ -7,7 +7,9 @@ use crate::{Error, Op, Result};
 impl Tensor {
     /// Joins tensors along `axis`.
     pub fn cat(tensors: &[&Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::invalid("concat", "needs at least one tensor"))?;
         let axis = normalize_axis("concat", axis, first.shape())?;
         Ok(Tensor::apply(&Op::Concat { axis }, tensors, &[], None)?.remove(0))
     }
@@ -27,7 +29,12 @@ impl Tensor {
 
     /// Zeros of `shape` plus `src` added at `index` along `axis` (torch.scatter_add onto zeros),
     /// deterministically.
-    pub fn scatter_add(shape: &[usize], axis: isize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    pub fn scatter_add(
+        shape: &[usize],
+        axis: isize,
+        index: &Tensor,
+        src: &Tensor,
+    ) -> Result<Tensor> {
         let axis = normalize_axis("scatter_add", axis, shape)?;
         Ok(Tensor::apply(&Op::ScatterAdd { axis }, &[index, src], &[], Some(shape))?.remove(0))
     }
@@ -36,7 +43,14 @@ impl Tensor {
     pub fn index_select(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
         let a = normalize_axis("index_select", axis, self.shape())?;
         if index.rank() != 1 {
-            return Err(Error::shape("index_select", format!("index must be 1-D; got {:?} {}", index.shape(), index.dtype())));
+            return Err(Error::shape(
+                "index_select",
+                format!(
+                    "index must be 1-D; got {:?} {}",
+                    index.shape(),
+                    index.dtype()
+                ),
+            ));
         }
         let mut perm: Vec<usize> = vec![a];
         perm.extend((0..self.rank()).filter(|&i| i != a));

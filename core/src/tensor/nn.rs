@@ -25,7 +25,13 @@ impl Tensor {
 
     /// Fused attention of `q [B, Hq, Tq, D]` over `k`, `v [B, Hkv, Tk, D]`; with `causal`,
     /// query `i` sees keys up to position `i + Tk - Tq`.
-    pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: f64) -> Result<Tensor> {
+    pub fn attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Tensor> {
         Ok(Tensor::apply(&Op::Attention { causal }, &[q, k, v], &[scale], None)?.remove(0))
     }
 
@@ -39,7 +45,14 @@ impl Tensor {
     /// `ignore_index` behaviour), computed without a host round trip. A rank-0 tensor.
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
         if self.rank() != 2 {
-            return Err(Error::shape("cross_entropy", format!("logits must be [N, V]; got {:?} {}", self.shape(), self.dtype())));
+            return Err(Error::shape(
+                "cross_entropy",
+                format!(
+                    "logits must be [N, V]; got {:?} {}",
+                    self.shape(),
+                    self.dtype()
+                ),
+            ));
         }
         let rows = self.cross_entropy_rows(targets)?;
         let stats = rows.dtype();
@@ -51,7 +64,9 @@ impl Tensor {
             .compare_to(&low, CompareOp::Ge)?
             .to_dtype(stats)?
             .mul(&targets.compare_to(&high, CompareOp::Lt)?.to_dtype(stats)?)?;
-        let count = valid.sum_all()?.maximum(&Tensor::scalar(1.0, stats, device)?)?;
+        let count = valid
+            .sum_all()?
+            .maximum(&Tensor::scalar(1.0, stats, device)?)?;
         rows.sum_all()?.div(&count)
     }
 
@@ -61,10 +76,24 @@ impl Tensor {
     }
 
     /// 2-D convolution of `[N, C, H, W]` by `[O, C, KH, KW]` (cross-correlation, groups 1).
-    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        params: Conv2dParams,
+    ) -> Result<Tensor> {
         let mut inputs = vec![self, weight];
         inputs.extend(bias);
-        Ok(Tensor::apply(&Op::Conv2d { params, bias: bias.is_some() }, &inputs, &[], None)?.remove(0))
+        Ok(Tensor::apply(
+            &Op::Conv2d {
+                params,
+                bias: bias.is_some(),
+            },
+            &inputs,
+            &[],
+            None,
+        )?
+        .remove(0))
     }
 
     /// Inverted dropout: zeroes each element with probability `p` and scales the rest by
@@ -72,21 +101,28 @@ impl Tensor {
     /// backend.
     pub fn dropout(&self, p: f64, rng: &mut RngState) -> Result<Tensor> {
         if !(0.0..1.0).contains(&p) {
-            return Err(Error::invalid("dropout", format!("probability must be in [0, 1); got {p}")));
+            return Err(Error::invalid(
+                "dropout",
+                format!("probability must be in [0, 1); got {p}"),
+            ));
         }
         if p == 0.0 {
             return Ok(self.clone());
         }
         let u = Tensor::rand_uniform(self.shape(), 0.0, 1.0, self.dtype(), rng, self.device())?;
         let threshold = Tensor::scalar(p, self.dtype(), self.device())?;
-        let keep = u.compare_to(&threshold, CompareOp::Ge)?.to_dtype(self.dtype())?;
+        let keep = u
+            .compare_to(&threshold, CompareOp::Ge)?
+            .to_dtype(self.dtype())?;
         self.mul(&keep.mul_scalar(1.0 / (1.0 - p))?)
     }
 
     /// The sum of squares of every element of every tensor, as a `[1]` tensor on their
     /// device (f32; f64 for f64). Never recorded.
     pub fn squared_norm(tensors: &[&Tensor]) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| Error::invalid("squared_norm", "needs at least one tensor"))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::invalid("squared_norm", "needs at least one tensor"))?;
         let device: Arc<dyn Device> = first.device().clone();
         let _guard = super::no_grad();
         Ok(Tensor::apply_on(&device, &Op::SquaredNorm, tensors, &[], None)?.remove(0))

@@ -10,7 +10,12 @@ impl Tensor {
         axes.sort_unstable();
         axes.dedup();
         if let Some(&bad) = axes.iter().find(|&&a| a >= self.rank()) {
-            return Err(Error::Axis { op: op.name().into(), axis: bad as isize, rank: self.rank(), shape: self.shape().to_vec() });
+            return Err(Error::Axis {
+                op: op.name().into(),
+                axis: bad as isize,
+                rank: self.rank(),
+                shape: self.shape().to_vec(),
+            });
         }
         Ok(Tensor::apply(&Op::Reduce { op, axes, keepdim }, &[self], &[], None)?.remove(0))
     }

@@ -53,15 +53,13 @@ fn assert_close(what: &str, got: &[f64], want: &HostTensor, rtol: f64, atol: f64
     let mut worst = (0.0f64, 0usize);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let excess = (g - w).abs() - (atol + rtol * w.abs());
-        if !(excess <= worst.0) {
-            worst = (
-                if excess.is_nan() {
-                    f64::INFINITY
-                } else {
-                    excess
-                },
-                i,
-            );
+        let excess = if excess.is_nan() {
+            f64::INFINITY
+        } else {
+            excess
+        };
+        if excess > worst.0 {
+            worst = (excess, i);
         }
     }
     let i = worst.1;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tessera_core::memory::Pool;
-use tessera_core::ops::validate_launch;
+use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
     Op, Result, TensorRef,
@@ -195,7 +195,7 @@ impl Device for CpuDevice {
 
 /// Rejects dtype combinations no kernel could give a meaning to (math on bool or integers,
 /// non-index ids). Everything else the catalog allows runs; shapes and the remaining dtype
-/// rules are checked by `validate_launch` at launch.
+/// rules are checked by `validate_kernel_launch` at launch.
 fn check_supported(op: &Op, dtypes: &[DType]) -> Result<()> {
     let float = |i: usize| dtypes.get(i).is_none_or(|d| d.is_float());
     let index = |i: usize| dtypes.get(i).is_none_or(|d| d.is_index());
@@ -249,18 +249,7 @@ impl Kernel for CpuKernel {
         outputs: &[TensorRef<'_>],
         scalars: &[f64],
     ) -> Result<()> {
-        validate_launch(&self.op, inputs, outputs, scalars)?;
-        let got: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
-        if got != self.dtypes {
-            return Err(Error::dtype(
-                &self.op.name(),
-                format!(
-                    "kernel built for inputs {} launched with {}",
-                    dtypes_str(&self.dtypes),
-                    dtypes_str(&got)
-                ),
-            ));
-        }
+        validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
         use Op::*;
         match &self.op {
             Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {

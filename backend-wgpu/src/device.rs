@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tessera_core::memory::Pool;
-use tessera_core::ops::validate_launch;
+use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
     Op, Result, TensorRef,
@@ -797,18 +797,7 @@ impl Kernel for WgpuKernel {
         outputs: &[TensorRef<'_>],
         scalars: &[f64],
     ) -> Result<()> {
-        validate_launch(&self.op, inputs, outputs, scalars)?;
-        let got: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
-        if got != self.dtypes {
-            return Err(Error::dtype(
-                &self.op.name(),
-                format!(
-                    "kernel built for inputs {} launched with {}",
-                    dtypes_str(&self.dtypes),
-                    dtypes_str(&got)
-                ),
-            ));
-        }
+        validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
         let core = self
             .core
             .upgrade()

@@ -97,7 +97,7 @@ pub struct TensorRef<'a> {
 pub trait Kernel: Send + Sync + Debug {
     fn op(&self) -> &Op;
     /// Enqueues the op. `scalars` are the op's run-time parameters, as its catalog entry lists
-    /// them. Implementations call [`crate::ops::validate_launch`] before enqueueing anything.
+    /// them. Implementations call [`crate::ops::validate_kernel_launch`] before enqueueing anything.
     fn launch(
         &self,
         inputs: &[TensorRef<'_>],

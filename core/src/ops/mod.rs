@@ -7,8 +7,9 @@
 //! caches keyed by `Op` stay bounded.
 //!
 //! Each family file documents the exact semantics of its ops. [`Op::infer`] gives output specs
-//! from input specs and [`validate_launch`] checks a launch against them; backends call it
-//! before enqueueing. Backends match on `Op`; the conformance suite enumerates
+//! from input specs and [`validate_launch`] checks a launch against them; backends call it,
+//! through [`validate_kernel_launch`], before enqueueing. Backends match on `Op`; the
+//! conformance suite enumerates
 //! [`Op::catalog`], so a new op is tested on every backend the moment it exists.
 //!
 //! Kernel-level conventions, for all ops:
@@ -624,6 +625,30 @@ pub fn validate_launch(
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// [`validate_launch`] for a kernel compiled for inputs of `built_for`: launching it on inputs
+/// of other dtypes is an error too. Backends call this first in every `Kernel::launch`.
+pub fn validate_kernel_launch(
+    op: &Op,
+    built_for: &[DType],
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+) -> Result<()> {
+    validate_launch(op, inputs, outputs, scalars)?;
+    let got: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+    if got != built_for {
+        return Err(Error::dtype(
+            &op.name(),
+            format!(
+                "kernel built for inputs {} launched with {}",
+                dtypes_str(built_for),
+                dtypes_str(&got)
+            ),
+        ));
     }
     Ok(())
 }

@@ -9,8 +9,8 @@
 //! Each family file documents the exact semantics of its ops. [`Op::infer`] gives output specs
 //! from input specs and [`validate_launch`] checks a launch against them; backends call it,
 //! through [`validate_kernel_launch`], before enqueueing. Backends match on `Op`; the
-//! conformance suite enumerates
-//! [`Op::catalog`], so a new op is tested on every backend the moment it exists.
+//! conformance suite enumerates [`Op::catalog`], so a new op is tested on every backend the
+//! moment it exists.
 //!
 //! Kernel-level conventions, for all ops:
 //! - Elementwise, reduce, cast, copy and matmul ops read strided inputs in place (any strides,

@@ -491,9 +491,9 @@ fn evaluate(
             let prompts: Vec<Vec<u32>> = problems
                 .iter()
                 .map(|&(a, b)| t.encode_problem(a, b))
-                .collect();
+                .collect::<Result<_>>()?;
             let mut answers = greedy_batch(model, &prompts, t.answer_len())?.into_iter();
-            let acc = t.score_problems(&problems, |_| answers.next().unwrap_or_default());
+            let acc = t.score_problems(&problems, |_| answers.next().unwrap_or_default())?;
             *accuracy = Some(acc);
             Ok((
                 json!({ "heldout_exact_match": acc, "problems": problems.len() }),

@@ -149,13 +149,19 @@ impl AdditionTask {
     }
 
     /// The prompt for `a + b`: both operands zero-padded to `digits`, most-significant digit
-    /// first, then `=`. Panics when an operand has more than `digits` digits.
-    pub fn encode_problem(&self, a: u64, b: u64) -> Vec<u32> {
-        assert!(
-            a < self.limit() && b < self.limit(),
-            "operands {a} and {b} do not fit in {} digits",
-            self.digits
-        );
+    /// first, then `=`. An operand with more than `digits` digits is an error.
+    pub fn encode_problem(&self, a: u64, b: u64) -> Result<Vec<u32>> {
+        if a >= self.limit() || b >= self.limit() {
+            return Err(Error::invalid(
+                "addition",
+                format!("operands {a} and {b} do not fit in {} digits", self.digits),
+            ));
+        }
+        Ok(self.prompt(a, b))
+    }
+
+    /// [`encode_problem`](Self::encode_problem) for operands known to fit.
+    fn prompt(&self, a: u64, b: u64) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.prompt_len());
         push_digits_msb_first(&mut out, a, self.digits);
         out.push(PLUS);
@@ -213,7 +219,7 @@ impl AdditionTask {
                     break (a, b);
                 }
             };
-            let mut row = self.encode_problem(a, b);
+            let mut row = self.prompt(a, b);
             row.extend(self.encode_answer(a + b));
             inputs.extend_from_slice(&row[..seq]);
             for (i, &t) in row[1..].iter().enumerate() {
@@ -256,7 +262,7 @@ impl AdditionTask {
 
     /// Exact-match accuracy on the first [`eval_size`](Self::eval_size) held-out problems;
     /// see [`score_problems`](Self::score_problems).
-    pub fn score(&self, predict: impl FnMut(&[u32]) -> Vec<u32>) -> f64 {
+    pub fn score(&self, predict: impl FnMut(&[u32]) -> Vec<u32>) -> Result<f64> {
         self.score_problems(&self.heldout_problems(self.eval_size), predict)
     }
 
@@ -268,19 +274,17 @@ impl AdditionTask {
         &self,
         problems: &[(u64, u64)],
         mut predict: impl FnMut(&[u32]) -> Vec<u32>,
-    ) -> f64 {
+    ) -> Result<f64> {
         if problems.is_empty() {
-            return 0.0;
+            return Ok(0.0);
         }
-        let correct = problems
-            .iter()
-            .filter(|&&(a, b)| {
-                let generated = predict(&self.encode_problem(a, b));
-                let expected = self.encode_answer(a + b);
-                answer_digits(&generated) == answer_digits(&expected)
-            })
-            .count();
-        correct as f64 / problems.len() as f64
+        let mut correct = 0;
+        for &(a, b) in problems {
+            let generated = predict(&self.encode_problem(a, b)?);
+            let expected = self.encode_answer(a + b);
+            correct += usize::from(answer_digits(&generated) == answer_digits(&expected));
+        }
+        Ok(correct as f64 / problems.len() as f64)
     }
 }
 
@@ -355,7 +359,10 @@ mod tests {
     fn encoding() {
         let task = AdditionTask::new(3).unwrap();
         let tok = AdditionTokenizer;
-        assert_eq!(tok.decode(&task.encode_problem(123, 45)), "123+045=");
+        assert_eq!(
+            tok.decode(&task.encode_problem(123, 45).unwrap()),
+            "123+045="
+        );
         assert_eq!(tok.decode(&task.encode_answer(168)), "8610.");
         assert_eq!(tok.decode(&task.encode_answer(999 + 999)), "8991.");
         assert_eq!(task.decode_answer(&task.encode_answer(1998)), Some(1998));
@@ -365,7 +372,10 @@ mod tests {
         assert_eq!(tok.encode("12 + 3="), vec![1, 2, PLUS, 3, EQUALS]);
         assert_eq!(task.vocab_size(), tok.vocab_size());
         let wide = AdditionTask::new(4).unwrap();
-        assert_eq!(tok.decode(&wide.encode_problem(123, 4567)), "0123+4567=");
+        assert_eq!(
+            tok.decode(&wide.encode_problem(123, 4567).unwrap()),
+            "0123+4567="
+        );
         assert_eq!(tok.decode(&wide.encode_answer(123 + 4567)), "09640.");
         assert!(AdditionTask::new(0).is_err() && AdditionTask::new(10).is_err());
     }
@@ -437,10 +447,10 @@ mod tests {
                 .fold(0, |acc, &d| acc * 10 + u64::from(d));
             task.encode_answer(a + b)
         };
-        assert_eq!(task.score(oracle), 1.0);
-        assert_eq!(task.score(|p| oracle(p)[..4].to_vec()), 1.0);
-        assert_eq!(task.score(|p| oracle(p)[..3].to_vec()), 0.0);
-        assert_eq!(task.score(|_| vec![0, 0, 0, 0, END]), 0.0);
+        assert_eq!(task.score(oracle).unwrap(), 1.0);
+        assert_eq!(task.score(|p| oracle(p)[..4].to_vec()).unwrap(), 1.0);
+        assert_eq!(task.score(|p| oracle(p)[..3].to_vec()).unwrap(), 0.0);
+        assert_eq!(task.score(|_| vec![0, 0, 0, 0, END]).unwrap(), 0.0);
         let mut calls = 0;
         let half = task.score(|p| {
             calls += 1;
@@ -450,7 +460,9 @@ mod tests {
                 vec![END]
             }
         });
-        assert_eq!(half, 0.5);
-        assert_eq!(task.score_problems(&[], oracle), 0.0);
+        assert_eq!(half.unwrap(), 0.5);
+        assert_eq!(task.score_problems(&[], oracle).unwrap(), 0.0);
+        assert!(task.score_problems(&[(1000, 1)], oracle).is_err());
+        assert!(task.encode_problem(7, 1000).is_err());
     }
 }

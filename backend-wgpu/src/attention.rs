@@ -1,13 +1,21 @@
-//! Rotary embeddings and flash-style attention: forward with an online softmax per query
-//! row, backward as `delta = rowsum(dout * out)`, then `dq` per query row and `dk`/`dv` per
-//! key row (summing grouped query heads in order), so nothing races and nothing is T x T.
+//! Rotary embeddings and flash-style attention. The forward pass runs a thread per query row
+//! with an online softmax; the backward pass computes `delta = rowsum(dout * out)`, then `dq`
+//! per query row and `dk`, `dv` per key row (summing grouped query heads in order), so nothing
+//! races and nothing is T x T. The head-size loops of these kernels are generated here, fully
+//! unrolled over named vec4 registers (see `kernels/attention.wgsl`).
 
-use tessera_core::{DType, Layout, Op, Result, TensorRef};
+use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::shader::{groups_for, key, run, unsupported};
 
 const SRC: &str = include_str!("kernels/attention.wgsl");
+const ROTARY: &str = include_str!("kernels/rotary.wgsl");
+
+/// Query (or key) rows per workgroup: one thread each.
+const ROWS: usize = 64;
+/// Most rows streamed through workgroup memory per tile.
+const MAX_TILE: usize = 64;
 
 pub(crate) fn launch(
     core: &Core,
@@ -16,8 +24,6 @@ pub(crate) fn launch(
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
-    let k =
-        |ins: &[TensorRef<'_>], outs: &[TensorRef<'_>], variant: &str| key(op, ins, outs, variant);
     match op {
         Op::Rotary => {
             let x = &inputs[0].layout.shape;
@@ -25,8 +31,8 @@ pub(crate) fn launch(
             let n = inputs[0].layout.numel();
             run(
                 core,
-                &k(inputs, outputs, "rotary"),
-                SRC,
+                &key(op, inputs, outputs, "rotary"),
+                ROTARY,
                 "rotary",
                 &[],
                 inputs,
@@ -53,23 +59,31 @@ pub(crate) fn launch(
                 v[3],
                 usize::from(*causal),
             ];
-            let rows = q[0] * q[1] * q[2];
+            let backward = matches!(op, Op::AttentionBackward { .. });
+            let head = Head::new(core, op, q[3], v[3], backward)?;
             let params = |o: &[usize], p: &mut crate::shader::Params| {
                 p.all(&dims).f(s[0]).all(o);
             };
-            if matches!(op, Op::Attention { .. }) {
-                return run(
+            let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
+            let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
+                let subst = head.subst(section);
+                let variant = format!("{section}/{}/{}/{}", head.kdim, head.vdim, head.tile);
+                run(
                     core,
-                    &k(inputs, outputs, "forward"),
+                    &key(op, inputs, outs, &variant),
                     SRC,
-                    "forward",
-                    &[],
+                    section_of(section),
+                    &subst,
                     inputs,
-                    outputs,
-                    rows as u64,
+                    outs,
+                    groups,
                     params,
-                );
+                )
+            };
+            if !backward {
+                return launch("forward", outputs, query_blocks);
             }
+            let rows = q[0] * q[1] * q[2];
             let scratch = core.scratch(rows * 4)?;
             let layout = Layout::contiguous(&[rows]);
             let delta = TensorRef {
@@ -79,41 +93,248 @@ pub(crate) fn launch(
             };
             let mut outs = outputs.to_vec();
             outs.push(delta);
-            let krows = kk[0] * kk[1] * kk[2];
-            run(
-                core,
-                &k(inputs, &outs, "delta"),
-                SRC,
-                "delta",
-                &[],
-                inputs,
-                &outs,
-                groups_for(rows),
-                params,
-            )?;
-            run(
-                core,
-                &k(inputs, &outs, "dq"),
-                SRC,
-                "dq",
-                &[],
-                inputs,
-                &outs,
-                rows as u64,
-                params,
-            )?;
-            run(
-                core,
-                &k(inputs, &outs, "dkv"),
-                SRC,
-                "dkv",
-                &[],
-                inputs,
-                &outs,
-                krows as u64,
-                params,
-            )
+            let key_blocks = (kk[0] * kk[1] * kk[2].div_ceil(ROWS)) as u64;
+            launch("delta", &outs, groups_for(rows))?;
+            launch("dq", &outs, query_blocks)?;
+            launch("dk", &outs, key_blocks)?;
+            launch("dv", &outs, key_blocks)
         }
         _ => Err(unsupported(op)),
     }
+}
+
+/// The WGSL section a generated kernel comes from (dk and dv share one).
+fn section_of(kernel: &str) -> &str {
+    match kernel {
+        "dk" | "dv" => "dkv",
+        other => other,
+    }
+}
+
+/// Head sizes and the tile that fits the adapter's workgroup memory.
+struct Head {
+    kdim: usize,
+    vdim: usize,
+    kvec: usize,
+    vvec: usize,
+    tile: usize,
+}
+
+impl Head {
+    fn new(core: &Core, op: &Op, kdim: usize, vdim: usize, backward: bool) -> Result<Head> {
+        let (kvec, vvec) = (kdim.div_ceil(4).max(1), vdim.div_ceil(4).max(1));
+        let row_bytes = (kvec + vvec) * 16 + if backward { 8 } else { 0 };
+        let fit = core.workgroup_memory() / row_bytes;
+        let tile = (fit.min(MAX_TILE) / 4) * 4;
+        if tile == 0 {
+            return Err(Error::unsupported(
+                "wgpu",
+                format!(
+                    "{} with head sizes {kdim} and {vdim} (a tile of four rows needs {} bytes of \
+                     workgroup memory; the adapter has {})",
+                    op.name(),
+                    row_bytes * 4,
+                    core.workgroup_memory()
+                ),
+            ));
+        }
+        Ok(Head {
+            kdim,
+            vdim,
+            kvec,
+            vvec,
+            tile,
+        })
+    }
+
+    /// The generated parts of `kernel`.
+    fn subst(&self, kernel: &str) -> Vec<(&'static str, String)> {
+        let (kvec, vvec) = (self.kvec, self.vvec);
+        let consts = format!(
+            "const KDIM: u32 = {}u;\nconst VDIM: u32 = {}u;\nconst KVEC: u32 = {kvec}u;\n\
+             const VVEC: u32 = {vvec}u;\nconst TILE: u32 = {}u;\nconst ROWS: u32 = {ROWS}u;\n\
+             const AWORDS: u32 = {}u;\nconst BWORDS: u32 = {}u;\n",
+            self.kdim,
+            self.vdim,
+            self.tile,
+            self.tile * kvec,
+            self.tile * vvec
+        );
+        let mut helpers = row_loader("q_row", "ld1", "KDIM")
+            + &row_loader("k_row", "ld2", "KDIM")
+            + &row_loader("v_row", "ld3", "VDIM");
+        let four = |f: &dyn Fn(usize) -> String| (0..4).map(f).collect::<String>();
+        let (load, zero, scores, rescale, update, store);
+        match kernel {
+            "forward" => {
+                helpers += &row_storer("out_row", "st4", "VDIM");
+                helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
+                helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
+                load = each(kvec, "let q# = scale * q_row(qb, #u);\n");
+                zero = each(vvec, "var acc# = vec4<f32>(0.0);\n");
+                scores = four(&|g| {
+                    format!(
+                        "let s{g} = select(-inf(), {}, j0 + jj + {g}u < lim);\n",
+                        dot_chain("q", "ta", &format!("a0 + {}u", g * kvec), kvec)
+                    )
+                });
+                rescale = each(vvec, "acc# *= alpha;\n");
+                update = accumulate(vvec, "p", "tb", "b0", "VVEC");
+                store = each(vvec, "out_row(o(4u) + row * VDIM, #u, acc# * inv);\n");
+            }
+            "dq" => {
+                helpers += &row_loader("do_row", "ld6", "VDIM");
+                helpers += &row_storer("dq_row", "st7", "KDIM");
+                helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
+                helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
+                load = each(kvec, "let q# = scale * q_row(qb, #u);\n")
+                    + &each(vvec, "let g# = do_row(gb, #u);\n");
+                zero = each(kvec, "var acc# = vec4<f32>(0.0);\n");
+                scores = four(&|g| {
+                    format!(
+                        "let d{g} = select(0.0, exp({} - lse) * ({} - delta), j0 + jj + {g}u < lim);\n",
+                        dot_chain("q", "ta", &format!("a0 + {}u", g * kvec), kvec),
+                        dot_chain("g", "tb", &format!("b0 + {}u", g * vvec), vvec)
+                    )
+                });
+                rescale = String::new();
+                update = accumulate(kvec, "d", "ta", "a0", "KVEC");
+                store = each(kvec, "dq_row(o(7u) + row * KDIM, #u, acc# * scale);\n");
+            }
+            "dk" | "dv" => {
+                helpers += &row_loader("do_row", "ld6", "VDIM");
+                helpers += &tile_filler("fill_a", "ta", "q_row", "KVEC", "KDIM");
+                helpers += &tile_filler("fill_b", "tb", "do_row", "VVEC", "VDIM");
+                load = each(kvec, "let k# = scale * k_row(kb, #u);\n")
+                    + &if kernel == "dk" {
+                        each(vvec, "let v# = v_row(vb, #u);\n")
+                    } else {
+                        String::new()
+                    };
+                let visible = |g: usize| {
+                    format!("ii + {g}u < cnt && i0 + ii + {g}u >= mine && r{g}.x != -inf()")
+                };
+                let score = |g: usize| dot_chain("k", "ta", &format!("a0 + {}u", g * kvec), kvec);
+                rescale = String::new();
+                if kernel == "dk" {
+                    helpers += &row_storer("dk_row", "st8", "KDIM");
+                    zero = each(kvec, "var acc# = vec4<f32>(0.0);\n");
+                    scores = four(&|g| {
+                        format!(
+                            "let r{g} = trow[ii + {g}u];\nlet d{g} = select(0.0, exp({} - r{g}.x) * ({} - r{g}.y), {});\n",
+                            score(g),
+                            dot_chain("v", "tb", &format!("b0 + {}u", g * vvec), vvec),
+                            visible(g)
+                        )
+                    });
+                    update = accumulate(kvec, "d", "ta", "a0", "KVEC");
+                    store = each(kvec, "dk_row(o(8u) + kr * KDIM, #u, acc# * scale);\n");
+                } else {
+                    helpers += &row_storer("dv_row", "st9", "VDIM");
+                    zero = each(vvec, "var acc# = vec4<f32>(0.0);\n");
+                    scores = four(&|g| {
+                        format!(
+                            "let r{g} = trow[ii + {g}u];\nlet d{g} = select(0.0, exp({} - r{g}.x), {});\n",
+                            score(g),
+                            visible(g)
+                        )
+                    });
+                    update = accumulate(vvec, "d", "tb", "b0", "VVEC");
+                    store = each(vvec, "dv_row(o(9u) + kr * VDIM, #u, acc#);\n");
+                }
+            }
+            _ => {
+                helpers += &row_loader("do_row", "ld6", "VDIM");
+                load = String::new();
+                zero = String::new();
+                scores = String::new();
+                rescale = String::new();
+                update = String::new();
+                store = String::new();
+            }
+        }
+        vec![
+            ("CONSTS", consts),
+            ("HELPERS", helpers),
+            ("LOAD_REGS", load),
+            ("ZERO_ACC", zero),
+            ("SCORES", scores),
+            ("RESCALE", rescale),
+            ("UPDATE", update),
+            ("STORE", store),
+        ]
+    }
+}
+
+/// `template` once per vec4 index `0..n`, with `#` replaced by the index.
+fn each(n: usize, template: &str) -> String {
+    (0..n)
+        .map(|c| template.replace('#', &c.to_string()))
+        .collect()
+}
+
+/// The dot product of registers `reg0..` with `tile[base + 0..]`, as two interleaved partial
+/// sums so that the additions do not form one dependent chain.
+fn dot_chain(reg: &str, tile: &str, base: &str, n: usize) -> String {
+    let term = |c: usize| format!("dot({reg}{c}, {tile}[{base} + {c}u])");
+    let half = |start: usize| {
+        let terms: Vec<String> = (start..n).step_by(2).map(term).collect();
+        if terms.is_empty() {
+            "0.0".to_string()
+        } else {
+            terms.join(" + ")
+        }
+    };
+    format!("(({}) + ({}))", half(0), half(1))
+}
+
+/// `acc# += w0 * tile[...] + ... + w3 * tile[...]` over the four rows met at once.
+fn accumulate(n: usize, weight: &str, tile: &str, base: &str, width: &str) -> String {
+    let rows: Vec<String> = (0..4)
+        .map(|g| {
+            let at = if g == 0 {
+                "0u".to_string()
+            } else {
+                format!("{g}u * {width}")
+            };
+            format!("{weight}{g} * {tile}[{base} + {at} + #u]")
+        })
+        .collect();
+    each(n, &format!("acc# += {};\n", rows.join(" + ")))
+}
+
+/// `fn name(base, c) -> vec4<f32>`: elements `4c..4c + 3` of a row at `base`, zeros past `dim`.
+fn row_loader(name: &str, ld: &str, dim: &str) -> String {
+    let lanes: String = ["x", "y", "z", "w"]
+        .iter()
+        .enumerate()
+        .map(|(t, lane)| {
+            format!("    if (i + {t}u < {dim}) {{ x.{lane} = {ld}(base + i + {t}u); }}\n")
+        })
+        .collect();
+    format!(
+        "fn {name}(base: u32, c: u32) -> vec4<f32> {{\n    var x = vec4<f32>(0.0);\n    let i = 4u * c;\n{lanes}    return x;\n}}\n"
+    )
+}
+
+/// `fn name(base, c, x)`: stores the lanes of `x` that fall inside a row of `dim`.
+fn row_storer(name: &str, st: &str, dim: &str) -> String {
+    let lanes: String = ["x", "y", "z", "w"]
+        .iter()
+        .enumerate()
+        .map(|(t, lane)| {
+            format!("    if (i + {t}u < {dim}) {{ {st}(base + i + {t}u, x.{lane}); }}\n")
+        })
+        .collect();
+    format!("fn {name}(base: u32, c: u32, x: vec4<f32>) {{\n    let i = 4u * c;\n{lanes}}}\n")
+}
+
+/// `fn name(base, cnt, lid)`: the workgroup copies rows `0..cnt` at `base` into `tile` (rows
+/// past `cnt` as zeros, so that masked products stay finite).
+fn tile_filler(name: &str, tile: &str, loader: &str, vecs: &str, dim: &str) -> String {
+    format!(
+        "fn {name}(base: u32, cnt: u32, lid: u32) {{\n    for (var e = lid; e < TILE * {vecs}; e += ROWS) {{\n        \
+         let r = e / {vecs};\n        var x = vec4<f32>(0.0);\n        \
+         if (r < cnt) {{ x = {loader}(base + r * {dim}, e % {vecs}); }}\n        {tile}[e] = x;\n    }}\n}}\n"
+    )
 }

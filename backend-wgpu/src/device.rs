@@ -25,6 +25,9 @@ const PARAM_CAPACITY: u64 = 256 * 1024;
 const MAX_BATCH: usize = 256;
 /// Bind groups kept per device; the cache is cleared when it grows past this.
 const MAX_BIND_GROUPS: usize = 4096;
+/// Bytes of one size class that may wait for queued work before an allocation of that class
+/// waits for the queue instead of creating another block (at least four blocks may wait).
+const BACKLOG_BYTES: usize = 64 << 20;
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub(crate) const WG: u64 = 256;
 
@@ -112,6 +115,7 @@ pub(crate) struct Core {
     align: u64,
     max_binding: u64,
     max_groups: u64,
+    workgroup_memory: usize,
     pool: SharedPool,
     completed: Arc<AtomicU64>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -318,6 +322,11 @@ impl Core {
         [x as u32, y as u32, 1]
     }
 
+    /// Bytes of workgroup memory a kernel may use.
+    pub(crate) fn workgroup_memory(&self) -> usize {
+        self.workgroup_memory
+    }
+
     /// `n` clamped to the grid's per-dimension limit (kernels loop over the rest).
     pub(crate) fn dim(&self, n: usize) -> u32 {
         (n as u64).min(self.max_groups) as u32
@@ -430,9 +439,8 @@ impl Core {
 
     fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
         let class = tessera_core::memory::size_class(bytes);
-        let mut pool = lock(&self.pool);
         if class as u64 > self.info.limits.max_buffer_bytes as u64 {
-            let stats = pool.stats();
+            let stats = lock(&self.pool).stats();
             return Err(Error::OutOfMemory {
                 requested: bytes,
                 in_use: stats.in_use,
@@ -440,6 +448,31 @@ impl Core {
             });
         }
         let _ = self.device.poll(wgpu::PollType::Poll);
+        let done = self.completed.load(Ordering::Acquire);
+        let backlog = lock(&self.pool).backlog(bytes, |b| b.last_use <= done);
+        if backlog.is_some_and(|waiting| waiting >= (4 * class).max(BACKLOG_BYTES)) {
+            self.drain()?;
+        }
+        match self.alloc_block(bytes) {
+            Err(Error::OutOfMemory { .. }) => {
+                // Blocks freed by queued work become reusable once the queue drains.
+                self.drain()?;
+                self.alloc_block(bytes)
+            }
+            other => other,
+        }
+    }
+
+    /// Submits what is recorded and waits for the queue.
+    fn drain(&self) -> Result<()> {
+        let mut st = self.state();
+        self.flush(&mut st);
+        drop(st);
+        self.wait_idle()
+    }
+
+    fn alloc_block(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        let mut pool = lock(&self.pool);
         let done = self.completed.load(Ordering::Acquire);
         let in_use = pool.stats().in_use;
         let (block, class) = pool.alloc(
@@ -597,6 +630,7 @@ impl WgpuDevice {
             align: u64::from(limits.min_storage_buffer_offset_alignment.max(4)),
             max_binding: limits.max_storage_buffer_binding_size,
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
+            workgroup_memory: limits.max_compute_workgroup_storage_size as usize,
             device,
             queue,
             info,
@@ -736,10 +770,7 @@ impl Device for WgpuDevice {
 
 impl WgpuDevice {
     fn synchronize_inner(&self) -> Result<()> {
-        let mut st = self.core.state();
-        self.core.flush(&mut st);
-        drop(st);
-        self.core.wait_idle()
+        self.core.drain()
     }
 }
 

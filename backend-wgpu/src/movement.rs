@@ -1,8 +1,10 @@
 //! Movement: concat (a strided copy per input into its slice of the output), embedding and
 //! gather (a thread per output element), and deterministic embedding backward and
-//! scatter-add (each output element sums its sources in order; no atomics).
+//! scatter-add (each output element sums its sources in order; no atomics). Embedding
+//! backward first links each position to the next one with the same id, so the sums cost
+//! O(P * D) after an O(P^2) pass over the ids alone.
 
-use tessera_core::{contiguous_strides, DType, Op, Result, TensorRef};
+use tessera_core::{contiguous_strides, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::shader::{groups_for, key, run, unsupported};
@@ -60,15 +62,39 @@ pub(crate) fn launch(
         Op::EmbeddingBackward => {
             let (v, d) = (out.layout.shape[0], out.layout.shape[1]);
             random::launch(core, &Op::Fill { dtype: DType::F32 }, outputs, &[0.0])?;
+            let ids = &inputs[0];
+            let positions = ids.layout.numel();
+            let scratch = core.scratch(positions * 8)?;
+            let layout = Layout::contiguous(&[2 * positions]);
+            let links = TensorRef {
+                buffer: &scratch,
+                layout: &layout,
+                dtype: DType::U32,
+            };
+            let links = std::slice::from_ref(&links);
+            run(
+                core,
+                &key(op, std::slice::from_ref(ids), links, "embedding_links"),
+                SRC,
+                "embedding_links",
+                &[],
+                std::slice::from_ref(ids),
+                links,
+                groups_for(positions),
+                |o, p| {
+                    p.u(positions).u(0).u(0).u(0).all(o);
+                },
+            )?;
+            let with_links: Vec<TensorRef<'_>> = outputs.iter().chain(links).cloned().collect();
             let m = inputs[1].layout.numel();
             run(
                 core,
-                &k("embedding_backward"),
+                &key(op, inputs, &with_links, "embedding_backward"),
                 SRC,
                 "embedding_backward",
                 &[],
                 inputs,
-                outputs,
+                &with_links,
                 groups_for(m),
                 |o, p| {
                     p.u(m).u(d.max(1)).u(v).u(0).all(o);

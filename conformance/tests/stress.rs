@@ -100,6 +100,27 @@ fn out_of_memory_is_an_error_and_the_device_recovers() {
     }
 }
 
+#[test]
+fn a_loop_that_never_synchronizes_reuses_memory() {
+    for device in devices_under_test() {
+        let id = device.info().id();
+        let x = Tensor::ones(&[4 << 20], DType::F32, &device).unwrap();
+        let before = device.memory().reserved;
+        for _ in 0..40 {
+            drop(x.add(&x).unwrap());
+        }
+        let grown = device.memory().reserved - before;
+        let block = tessera::memory::size_class(16 << 20);
+        // Waiting blocks of one class are capped at 64 MiB (four of these), then allocations
+        // wait for the queue; without that, 40 blocks would be reserved.
+        assert!(
+            grown <= 6 * block,
+            "{id}: 40 unsynchronized 16 MiB results reserved {grown} bytes"
+        );
+        device.synchronize().unwrap();
+    }
+}
+
 fn small_gpt_trainer(device: &Arc<dyn Device>, task: &AdditionTask) -> Trainer {
     let config = TransformerConfig::gpt2(task.vocab_size(), 16, 32, 2, 2);
     let mut rng = RngState::new(5);

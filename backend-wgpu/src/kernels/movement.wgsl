@@ -19,10 +19,46 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel embedding_links
+// Bindings: 1 ids [P], 2 links [2P] (u32). For each position i: links[i] is the next position
+// with the same id (P if none), links[P + i] is 1 when no earlier position has i's id. The ids
+// pass through workgroup memory WG at a time. p[0] P.
+var<workgroup> seen: array<i32, 256>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p[0];
+    for (var base = group_index(wid, nwg) * WG; base < n; base += group_count(nwg) * WG) {
+        let i = base + lid;
+        var id = -1;
+        if (i < n) { id = ldi1(o(1u) + i); }
+        var next = n;
+        var first = 1u;
+        for (var t0 = 0u; t0 < n; t0 += WG) {
+            workgroupBarrier();
+            var x = -1;
+            if (t0 + lid < n) { x = ldi1(o(1u) + t0 + lid); }
+            seen[lid] = x;
+            workgroupBarrier();
+            let cnt = min(WG, n - t0);
+            for (var k = 0u; k < cnt; k++) {
+                let j = t0 + k;
+                if (seen[k] == id) {
+                    if (j < i) { first = 0u; }
+                    if (j > i && next == n) { next = j; }
+                }
+            }
+        }
+        if (i < n) {
+            stn2(o(2u) + i, next);
+            stn2(o(2u) + n + i, first);
+        }
+    }
+}
+
 // @kernel embedding_backward
-// Bindings: 1 ids [P], 2 dy [P, D], 3 dweight [V, D] (zeroed first). A thread per (position,
-// column): the first position of each id sums the rows of all its positions in order.
-// p[0] P * D, p[1] D, p[2] V.
+// Bindings: 1 ids [P], 2 dy [P, D], 3 dweight [V, D] (zeroed first), 4 links. A thread per
+// (position, column): the first position of each id sums the rows of its positions in order,
+// following the links. p[0] P * D, p[1] D, p[2] V.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p[0];
@@ -33,16 +69,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let i = e / d;
         let c = e % d;
         let id = ldi1(o(1u) + i);
-        if (id < 0 || u32(id) >= p[2]) { continue; }
-        var first = true;
-        for (var j = 0u; j < i; j++) {
-            if (ldi1(o(1u) + j) == id) { first = false; break; }
-        }
-        if (!first) { continue; }
+        if (id < 0 || u32(id) >= p[2] || ldn4(o(4u) + positions + i) == 0u) { continue; }
         var s = 0.0;
-        for (var j = i; j < positions; j++) {
-            if (ldi1(o(1u) + j) == id) { s += ld2(o(2u) + j * d + c); }
-        }
+        for (var j = i; j < positions; j = ldn4(o(4u) + j)) { s += ld2(o(2u) + j * d + c); }
         st3(o(3u) + u32(id) * d + c, s);
     }
 }

@@ -9,8 +9,8 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError, Weak};
 use tessera_core::memory::Pool;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
-    dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
-    Op, Result, TensorRef,
+    dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, KernelTime, Limits,
+    MemoryStats, Op, Result, TensorRef,
 };
 
 use crate::buffer::{wgpu_buffer, Block, SharedPool, WgpuBuffer};
@@ -65,11 +65,23 @@ fn backend_err(detail: impl Into<String>) -> Error {
     }
 }
 
-/// A compiled pipeline and the number of data bindings its layout has.
+/// A compiled pipeline, its cache key (the kernel's name in profiles) and the number of data
+/// bindings its layout has.
 #[derive(Debug)]
 pub(crate) struct Pipeline {
     pipeline: wgpu::ComputePipeline,
+    name: String,
     bindings: usize,
+}
+
+/// Kernel timing while profiling: each dispatch's pass writes a timestamp at its start and its
+/// end; at submission they are resolved, read back after the queue drains and summed per kernel.
+struct Profiler {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Kernels recorded in the current batch, in dispatch order.
+    recorded: Vec<String>,
 }
 
 /// One binding of a dispatch: a byte window of a buffer.
@@ -105,6 +117,9 @@ struct State {
     dirty: bool,
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
     staging: Option<wgpu::Buffer>,
+    profiler: Option<Profiler>,
+    /// Launches and seconds per kernel since profiling started.
+    profile: HashMap<String, (u64, f64)>,
 }
 
 /// Everything a device owns; kernels hold a weak handle to it.
@@ -116,6 +131,8 @@ pub(crate) struct Core {
     max_binding: u64,
     max_groups: u64,
     workgroup_memory: usize,
+    /// Whether the adapter writes timestamps in compute passes (for profiling).
+    timestamps: bool,
     pool: SharedPool,
     completed: Arc<AtomicU64>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -155,6 +172,13 @@ impl Core {
                 self.queue.write_buffer(&pb.buffer, 0, &st.param_data);
             }
         }
+        let timed = st.profiler.as_ref().map_or(0, |p| p.recorded.len()) as u64;
+        if let (Some(prof), Some(encoder)) = (&st.profiler, &mut st.encoder) {
+            if timed > 0 {
+                encoder.resolve_query_set(&prof.queries, 0..2 * timed as u32, &prof.resolve, 0);
+                encoder.copy_buffer_to_buffer(&prof.resolve, 0, &prof.readback, 0, 16 * timed);
+            }
+        }
         let cmds = st.encoder.take().map(|e| e.finish());
         self.queue.submit(cmds);
         let seq = st.seq;
@@ -170,6 +194,42 @@ impl Core {
         st.dispatches = 0;
         st.dirty = false;
         st.seq += 1;
+        if timed > 0 {
+            self.collect_times(st, timed);
+        }
+    }
+
+    /// Waits for the batch just submitted and adds its kernels' times to the profile.
+    fn collect_times(&self, st: &mut State, timed: u64) {
+        let Some(prof) = st.profiler.as_mut() else {
+            return;
+        };
+        let slice = prof.readback.slice(0..16 * timed);
+        let (tx, rx) = mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let mapped = self
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .is_ok()
+            && matches!(rx.recv(), Ok(Ok(())));
+        let period = f64::from(self.queue.get_timestamp_period()) * 1e-9;
+        let recorded = std::mem::take(&mut prof.recorded);
+        if mapped {
+            if let Ok(view) = slice.get_mapped_range() {
+                let ticks: Vec<u64> = view
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect();
+                for (name, pair) in recorded.into_iter().zip(ticks.chunks_exact(2)) {
+                    let entry = st.profile.entry(name).or_insert((0, 0.0));
+                    entry.0 += 1;
+                    entry.1 += pair[1].saturating_sub(pair[0]) as f64 * period;
+                }
+            }
+            prof.readback.unmap();
+        }
     }
 
     fn wait_idle(&self) -> Result<()> {
@@ -279,7 +339,11 @@ impl Core {
                 log: format!("{err}\n{}", numbered.join("\n")),
             });
         }
-        let p = Arc::new(Pipeline { pipeline, bindings });
+        let p = Arc::new(Pipeline {
+            pipeline,
+            name: key.to_string(),
+            bindings,
+        });
         lock(&self.pipelines).insert(key.to_string(), p.clone());
         Ok(p)
     }
@@ -415,10 +479,19 @@ impl Core {
                     label: Some("tessera batch"),
                 })
         });
+        let timestamp_writes = st.profiler.as_mut().map(|prof| {
+            let at = 2 * prof.recorded.len() as u32;
+            prof.recorded.push(pipe.name.clone());
+            wgpu::ComputePassTimestampWrites {
+                query_set: &prof.queries,
+                beginning_of_pass_write_index: Some(at),
+                end_of_pass_write_index: Some(at + 1),
+            }
+        });
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
-                timestamp_writes: None,
+                timestamp_writes,
             });
             pass.set_pipeline(&pipe.pipeline);
             pass.set_bind_group(0, bg, &[param_offset as u32]);
@@ -583,9 +656,10 @@ impl WgpuDevice {
         let ainfo = adapter.get_info();
         let limits = adapter.limits();
         let setup = lock(&VULKAN_SETUP);
+        let timestamps = adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("tessera"),
-            required_features: wgpu::Features::empty(),
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -631,6 +705,7 @@ impl WgpuDevice {
             max_binding: limits.max_storage_buffer_binding_size,
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
             workgroup_memory: limits.max_compute_workgroup_storage_size as usize,
+            timestamps,
             device,
             queue,
             info,
@@ -647,6 +722,8 @@ impl WgpuDevice {
                 dirty: false,
                 bind_groups: HashMap::new(),
                 staging: None,
+                profiler: None,
+                profile: HashMap::new(),
             }),
             pipelines: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
@@ -765,6 +842,64 @@ impl Device for WgpuDevice {
 
     fn host_syncs(&self) -> u64 {
         self.core.syncs.load(Ordering::Relaxed)
+    }
+
+    fn set_profiling(&self, on: bool) -> Result<()> {
+        if on && !self.core.timestamps {
+            return Err(Error::unsupported(
+                "wgpu",
+                "kernel profiling (the adapter has no timestamp queries)",
+            ));
+        }
+        self.core.drain()?;
+        let core = &self.core;
+        let mut st = core.state();
+        st.profiler = on.then(|| {
+            let slots = 2 * MAX_BATCH as u64;
+            let buffer = |label, usage| {
+                core.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size: 8 * slots,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            };
+            Profiler {
+                queries: core.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("tessera profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: slots as u32,
+                }),
+                resolve: buffer(
+                    "tessera profile resolve",
+                    wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                ),
+                readback: buffer(
+                    "tessera profile readback",
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                ),
+                recorded: Vec::new(),
+            }
+        });
+        if on {
+            st.profile.clear();
+        }
+        Ok(())
+    }
+
+    fn profile(&self) -> Vec<KernelTime> {
+        let st = self.core.state();
+        let mut times: Vec<KernelTime> = st
+            .profile
+            .iter()
+            .map(|(name, &(launches, seconds))| KernelTime {
+                name: name.clone(),
+                launches,
+                seconds,
+            })
+            .collect();
+        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        times
     }
 }
 

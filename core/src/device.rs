@@ -131,6 +131,29 @@ pub trait Device: Send + Sync + Debug {
     fn reset_peak(&self);
     /// Host synchronizations so far (reads and `synchronize` calls), for tests that count them.
     fn host_syncs(&self) -> u64;
+    /// Starts or stops timing every kernel launch on the device (`tessera bench --profile`).
+    /// Timing may serialize the queue, so speed is measured with it off. Starting clears the
+    /// times gathered so far; a backend that cannot time kernels says `Unsupported`.
+    fn set_profiling(&self, on: bool) -> Result<()> {
+        let _ = on;
+        Err(crate::Error::unsupported(
+            &self.info().backend,
+            "kernel profiling",
+        ))
+    }
+    /// Device time per kernel since profiling started, slowest first.
+    fn profile(&self) -> Vec<KernelTime> {
+        Vec::new()
+    }
+}
+
+/// The device time a kernel took over all its launches while profiling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// The kernel: the op, its dtypes and the backend's variant.
+    pub name: String,
+    pub launches: u64,
+    pub seconds: f64,
 }
 
 /// Devices are compared by identity: two handles are the same device only if they point at the

@@ -25,7 +25,8 @@ mod tensor;
 pub mod train;
 
 pub use device::{
-    same_device, Buffer, Device, DeviceInfo, Features, Kernel, Limits, MemoryStats, TensorRef,
+    same_device, Buffer, Device, DeviceInfo, Features, Kernel, KernelTime, Limits, MemoryStats,
+    TensorRef,
 };
 pub use dtype::{decode_f64, encode_f64, DType, Element};
 pub use error::{dtypes_str, Error, Result};

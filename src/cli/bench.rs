@@ -17,7 +17,7 @@ use crate::models::{Transformer, TransformerConfig};
 use crate::optim::Schedule;
 use crate::rng::RngState;
 use crate::train::{Precision, TrainOptions, Trainer};
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, KernelTime, Result, Tensor};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BenchWhat {
@@ -113,6 +113,11 @@ pub struct BenchArgs {
     /// beside the workspace or the working directory).
     #[arg(long)]
     pub peer_script: Option<PathBuf>,
+    /// After the timed runs, time each kernel of one more training step (or decoding run) on
+    /// the device and print the kernels by total time on stderr (the timed figures are taken
+    /// without it).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 fn validate(args: &BenchArgs) -> Result<()> {
@@ -240,6 +245,11 @@ pub fn bench_train(args: &BenchArgs, device: &Arc<dyn Device>) -> Result<Value> 
     let seconds = start.elapsed().as_secs_f64() / args.steps as f64;
     let (syncs, allocations) = before.per(&after, args.steps);
     let peak = device.memory().peak as f64 / MIB;
+    if args.profile {
+        profiled("one training step", device, || {
+            trainer.step(&batch).map(drop)
+        })?;
+    }
     let loss = last.map(|l| l.item()).transpose()?.unwrap_or(f64::NAN);
     Ok(json!({
         "bench": "train", "batch": args.batch, "seq": args.seq, "dtype": args.dtype.peer_name(),
@@ -284,14 +294,67 @@ pub fn bench_decode(args: &BenchArgs, device: &Arc<dyn Device>) -> Result<Value>
     device.synchronize()?;
     let seconds = start.elapsed().as_secs_f64();
     let (syncs, allocations) = before.per(&after, tokens.max(1));
+    let peak = device.memory().peak as f64 / MIB;
+    if args.profile {
+        profiled("one decoding run", device, || run(&mut rng).map(drop))?;
+    }
     Ok(json!({
         "bench": "decode", "batch": 1, "prompt": args.prompt, "dtype": args.dtype.peer_name(),
         "new_tokens": args.new_tokens, "tokens_per_s": tokens as f64 / seconds,
         "ms_per_token": seconds * 1e3 / tokens.max(1) as f64,
-        "peak_mem_mib": device.memory().peak as f64 / MIB,
+        "peak_mem_mib": peak,
         "host_syncs_per_token": syncs, "allocations_per_token": allocations, "runs": args.decode_runs,
         "device": device_label(device), "impl": "tessera",
     }))
+}
+
+/// Runs `work` with kernel profiling on and prints the kernels by device time on stderr, or a
+/// note where the device cannot time kernels.
+fn profiled(what: &str, device: &Arc<dyn Device>, work: impl FnOnce() -> Result<()>) -> Result<()> {
+    if let Err(e) = device.set_profiling(true) {
+        eprintln!("no kernel profile: {e}");
+        return Ok(());
+    }
+    let done = work().and_then(|()| device.synchronize());
+    let times = device.profile();
+    device.set_profiling(false)?;
+    done?;
+    eprint!("{}", profile_table(what, &times));
+    Ok(())
+}
+
+/// The kernels of a profile by total device time: the slowest 30, then the rest in one line.
+pub fn profile_table(what: &str, times: &[KernelTime]) -> String {
+    let total: f64 = times.iter().map(|t| t.seconds).sum();
+    let launches: u64 = times.iter().map(|t| t.launches).sum();
+    let mut out = format!(
+        "kernel time of {what}: {:.3} ms in {launches} launches\n{:>10} {:>6} {:>8}  kernel\n",
+        total * 1e3,
+        "ms",
+        "%",
+        "launches"
+    );
+    let share = |s: f64| if total > 0.0 { 100.0 * s / total } else { 0.0 };
+    for t in times.iter().take(30) {
+        out += &format!(
+            "{:>10.3} {:>6.1} {:>8}  {}\n",
+            t.seconds * 1e3,
+            share(t.seconds),
+            t.launches,
+            t.name
+        );
+    }
+    if times.len() > 30 {
+        let rest: f64 = times[30..].iter().map(|t| t.seconds).sum();
+        out += &format!(
+            "{:>10.3} {:>6.1} {:>8}  ({} more kernels)\n",
+            rest * 1e3,
+            share(rest),
+            times[30..].iter().map(|t| t.launches).sum::<u64>(),
+            times.len() - 30
+        );
+    }
+    out
 }
 
 /// Runs `tessera bench`: our JSON lines first, then with `--peer` the peer's lines and the

@@ -10,6 +10,41 @@ use crate::shader::{key, run_grid, unsupported};
 
 const SRC: &str = include_str!("kernels/matmul.wgsl");
 
+/// Matmuls with at most this many rows whose `b` is contiguous in k (a `linear` weight) run
+/// the few-rows kernel: decoding's matrix-vector products.
+const MAX_FEW_ROWS: usize = 8;
+
+/// The per-row code of the few-rows kernel for `m` rows.
+fn few_rows_code(m: usize) -> Vec<(&'static str, String)> {
+    let each = |t: &str| {
+        (0..m)
+            .map(|r| t.replace('#', &r.to_string()))
+            .collect::<String>()
+    };
+    let a = |k: &str| format!("ld1(a_base + #u * sam + ({k}) * sak)");
+    let mac4 = "let w0 = ld2(bn + kk * sbk);\nlet w1 = ld2(bn + (kk + 32u) * sbk);\n\
+                let w2 = ld2(bn + (kk + 64u) * sbk);\nlet w3 = ld2(bn + (kk + 96u) * sbk);\n"
+        .to_string()
+        + &each(&format!(
+            "acc# += {} * w0 + {} * w1 + {} * w2 + {} * w3;\n",
+            a("kk"),
+            a("kk + 32u"),
+            a("kk + 64u"),
+            a("kk + 96u")
+        ));
+    vec![
+        ("PARTS", (m.max(1) * 256).to_string()),
+        ("ZERO", each("var acc# = 0.0;\n")),
+        ("MAC4", mac4),
+        (
+            "MAC1",
+            "let w0 = ld2(bn + kk * sbk);\n".to_string()
+                + &each(&format!("acc# += {} * w0;\n", a("kk"))),
+        ),
+        ("SAVE", each("part[#u * 256u + lid] = acc#;\n")),
+    ]
+}
+
 pub(crate) fn launch(
     core: &Core,
     op: &Op,
@@ -59,27 +94,32 @@ pub(crate) fn launch(
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
     let (a_at, b_at) = (along(sa[r - 1] <= sa[r - 2]), along(sb[r - 2] <= sb[r - 1]));
-    let subst = [
+    let mut subst = vec![
         ("EPILOGUE", epilogue),
         ("STORE", format!("st{next}")),
         ("A_AT", a_at.to_string()),
         ("B_AT", b_at.to_string()),
     ];
-    let grid = if m * n * batch == 0 {
-        [0, 0, 0]
+    let few_rows = m <= MAX_FEW_ROWS && b_at == "along_k";
+    let (section, variant, grid) = if few_rows {
+        subst.extend(few_rows_code(m));
+        let grid = [core.dim(n.div_ceil(8)), 1, core.dim(batch)];
+        ("rows", format!("rows{m}"), grid)
     } else {
-        [
+        let grid = [
             core.dim(n.div_ceil(128)),
             core.dim(m.div_ceil(128)),
             core.dim(batch),
-        ]
+        ];
+        ("matmul", format!("tiled128/{a_at}/{b_at}"), grid)
     };
+    let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
     let bs = |t: &TensorRef<'_>| t.layout.strides[..r - 2].to_vec();
     run_grid(
         core,
-        &key(op, inputs, outputs, &format!("tiled128/{a_at}/{b_at}")),
+        &key(op, inputs, outputs, &variant),
         SRC,
-        "matmul",
+        section,
         &subst,
         inputs,
         outputs,

@@ -22,10 +22,11 @@ fn plain(a: &[usize], b: &[usize], va: View, vb: View) -> Sample {
     Sample::new(op, format!("{a:?} x {b:?}"), operands(a, b, va, vb)).reduce(k)
 }
 
-/// A matmul with an epilogue; `a [.., M, K]`, `b [.., K, N]`.
+/// A matmul with an epilogue; `a [.., M, K]`, `b [.., K, N]` through view `vb`.
 fn fused(
     a: &[usize],
     b: &[usize],
+    vb: View,
     bias: bool,
     activation: Option<UnaryOp>,
     residual: bool,
@@ -34,7 +35,8 @@ fn fused(
     let (k, n) = (a[r - 1], b[r - 1]);
     let mut out_shape = a[..r - 1].to_vec();
     out_shape.push(n);
-    let mut inputs = operands(a, b, View::Contiguous, View::Contiguous);
+    let b_view = vb.describe();
+    let mut inputs = operands(a, b, View::Contiguous, vb);
     if bias {
         inputs.push(input(&[n], uniform(-1.0, 1.0)));
     }
@@ -49,7 +51,7 @@ fn fused(
     };
     Sample::new(
         op,
-        format!("{a:?} x {b:?} bias {bias} act {act} residual {residual}"),
+        format!("{a:?} x {b:?} bias {bias} act {act} residual {residual}{b_view}"),
         inputs,
     )
     .reduce(k)
@@ -87,7 +89,31 @@ pub(super) fn samples() -> Vec<Sample> {
         plain(&[1, 1], &[1, 1], c(), c()),
         plain(&[0, 8], &[8, 3], c(), c()),
         plain(&[4, 0], &[0, 5], c(), c()),
-        fused(&[4, 0], &[0, 5], true, Some(UnaryOp::Gelu), true),
+        fused(&[4, 0], &[0, 5], c(), true, Some(UnaryOp::Gelu), true),
+        // Few rows with b contiguous in k (a linear weight, as in decoding): K past four
+        // rounds of 128 with a remainder, batches, up to the eight-row limit and one past it.
+        plain(&[1, 1030], &[1030, 300], c(), View::Permuted(vec![1, 0])),
+        plain(
+            &[8, 70],
+            &[70, 9],
+            View::Padded(2),
+            View::Permuted(vec![1, 0]),
+        ),
+        plain(&[9, 70], &[70, 9], c(), View::Permuted(vec![1, 0])),
+        plain(
+            &[2, 3, 131],
+            &[2, 131, 17],
+            c(),
+            View::Permuted(vec![0, 2, 1]),
+        ),
+        fused(
+            &[2, 1, 300],
+            &[2, 300, 41],
+            View::Permuted(vec![0, 2, 1]),
+            true,
+            Some(UnaryOp::Gelu),
+            true,
+        ),
         plain(&[2, 3], &[3, 4], c(), c()).gradcheck(),
     ];
     for activation in [
@@ -99,12 +125,12 @@ pub(super) fn samples() -> Vec<Sample> {
         for bias in [false, true] {
             for residual in [false, true] {
                 if bias || residual || activation.is_some() {
-                    out.push(fused(&[13, 31], &[31, 19], bias, activation, residual));
+                    out.push(fused(&[13, 31], &[31, 19], c(), bias, activation, residual));
                 }
             }
         }
-        out.push(fused(&[2, 5, 7], &[2, 7, 3], true, activation, true));
-        out.push(fused(&[2, 3], &[3, 4], true, activation, true).gradcheck());
+        out.push(fused(&[2, 5, 7], &[2, 7, 3], c(), true, activation, true));
+        out.push(fused(&[2, 3], &[3, 4], c(), true, activation, true).gradcheck());
     }
     out
 }

@@ -94,7 +94,13 @@ pub(crate) fn launch(
             let mut outs = outputs.to_vec();
             outs.push(delta);
             let key_blocks = (kk[0] * kk[1] * kk[2].div_ceil(ROWS)) as u64;
-            launch("delta", &outs, groups_for(rows))?;
+            // delta = rowsum(dout * out) in f32; a 16-bit `out` is rounded, so then delta is
+            // formed as sum_j P_ij dP_ij, as the catalog defines it.
+            if inputs[3].dtype == DType::F32 {
+                launch("delta", &outs, groups_for(rows))?;
+            } else {
+                launch("delta_sum", &outs, query_blocks)?;
+            }
             launch("dq", &outs, query_blocks)?;
             launch("dk", &outs, key_blocks)?;
             launch("dv", &outs, key_blocks)
@@ -107,6 +113,7 @@ pub(crate) fn launch(
 fn section_of(kernel: &str) -> &str {
     match kernel {
         "dk" | "dv" => "dkv",
+        "delta_sum" => "dq",
         other => other,
     }
 }
@@ -182,24 +189,39 @@ impl Head {
                 update = accumulate(vvec, "p", "tb", "b0", "VVEC");
                 store = each(vvec, "out_row(o(4u) + row * VDIM, #u, acc# * inv);\n");
             }
-            "dq" => {
+            "dq" | "delta_sum" => {
                 helpers += &row_loader("do_row", "ld6", "VDIM");
                 helpers += &row_storer("dq_row", "st7", "KDIM");
                 helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
                 helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
                 load = each(kvec, "let q# = scale * q_row(qb, #u);\n")
                     + &each(vvec, "let g# = do_row(gb, #u);\n");
-                zero = each(kvec, "var acc# = vec4<f32>(0.0);\n");
+                // dq weighs k_j by P_ij (dP_ij - delta_i); delta_sum adds up P_ij dP_ij.
+                let weight = if kernel == "dq" {
+                    "* ({} - delta)"
+                } else {
+                    "* {}"
+                };
                 scores = four(&|g| {
                     format!(
-                        "let d{g} = select(0.0, exp({} - lse) * ({} - delta), j0 + jj + {g}u < lim);\n",
-                        dot_chain("q", "ta", &format!("a0 + {}u", g * kvec), kvec),
-                        dot_chain("g", "tb", &format!("b0 + {}u", g * vvec), vvec)
+                        "let d{g} = select(0.0, exp({}) {}, j0 + jj + {g}u < lim);\n",
+                        dot_chain("q", "ta", &format!("a0 + {}u", g * kvec), kvec) + " - lse",
+                        weight.replace(
+                            "{}",
+                            &dot_chain("g", "tb", &format!("b0 + {}u", g * vvec), vvec)
+                        )
                     )
                 });
                 rescale = String::new();
-                update = accumulate(kvec, "d", "ta", "a0", "KVEC");
-                store = each(kvec, "dq_row(o(7u) + row * KDIM, #u, acc# * scale);\n");
+                if kernel == "dq" {
+                    zero = each(kvec, "var acc# = vec4<f32>(0.0);\n");
+                    update = accumulate(kvec, "d", "ta", "a0", "KVEC");
+                    store = each(kvec, "dq_row(o(7u) + row * KDIM, #u, acc# * scale);\n");
+                } else {
+                    zero = "var total = 0.0;\n".to_string();
+                    update = "total += (d0 + d1) + (d2 + d3);\n".to_string();
+                    store = "st10(o(10u) + row, total);\n".to_string();
+                }
             }
             "dk" | "dv" => {
                 helpers += &row_loader("do_row", "ld6", "VDIM");

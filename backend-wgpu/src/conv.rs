@@ -2,6 +2,10 @@
 //! the products run as batched matmuls over strided views, the bias as a broadcast add, the
 //! data gradient through col2im (a gather, so no atomics) and the weight gradient as one
 //! matmul per image accumulated in order through the residual epilogue.
+//!
+//! Only f32 is offered. In bf16 the forward pass with a bias gave wrong elements (a few per
+//! output, some zero) on lavapipe, and the f16 kernels did not compile (the scratch and the
+//! zero fill assume f32); until that is understood, 16-bit convolutions are `Unsupported`.
 
 use tessera_core::{BinaryOp, Conv2dParams, DType, Layout, Op, Result, TensorRef};
 

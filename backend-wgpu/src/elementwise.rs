@@ -101,6 +101,11 @@ fn cast(from: DType, to: DType) -> String {
     s.to_string()
 }
 
+/// Whether `dtype` is stored as a 16-bit float.
+fn sixteen_bit(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
 pub(crate) fn launch(
     core: &Core,
     op: &Op,
@@ -112,6 +117,10 @@ pub(crate) fn launch(
     let o = |k: usize| format!("off(i, {k}u)");
     let out = ni + 1;
     let body = match op {
+        // Casts from or to a 16-bit float pass through f32, which holds both exactly.
+        Op::Cast { to } if sixteen_bit(inputs[0].dtype) || sixteen_bit(*to) => {
+            format!("st{out}({}, ld1({}));", o(1), o(0))
+        }
         Op::Cast { to } => format!("let v = ldn1({}); stn{out}({}, {});", o(0), o(1), cast(inputs[0].dtype, *to)),
         Op::Copy => format!("stn2({}, ldn1({}));", o(1), o(0)),
         Op::Unary(u) => format!("let x = ld1({}); st2({}, {});", o(0), o(1), unary(*u)),
@@ -120,7 +129,8 @@ pub(crate) fn launch(
         }
         Op::Binary(b) => format!("let a = ld1({}); let b = ld2({}); st3({}, {});", o(0), o(1), o(2), binary(*b)),
         Op::Compare(c) => {
-            format!("let a = ldn1({}); let b = ldn2({}); stn3({}, select(0u, 1u, {}));", o(0), o(1), o(2), compare(*c))
+            let ld = if sixteen_bit(inputs[0].dtype) { "ld" } else { "ldn" };
+            format!("let a = {ld}1({}); let b = {ld}2({}); stn3({}, select(0u, 1u, {}));", o(0), o(1), o(2), compare(*c))
         }
         Op::Where => format!(
             "let c = ldn1({}); let a = ldn2({}); let b = ldn3({}); stn4({}, select(b, a, c != 0u));",

@@ -11,10 +11,21 @@ const SRC: &str = include_str!("kernels/random.wgsl");
 fn native_bits(value: f64, dtype: DType) -> u32 {
     match dtype {
         DType::F32 => (value as f32).to_bits(),
+        DType::F16 => (rounded(value, DType::F16) as f32).to_bits(),
+        DType::BF16 => {
+            let bits = (rounded(value, DType::BF16) as f32).to_bits();
+            bits >> 16
+        }
         DType::I32 => i32::from_f64(value) as u32,
         DType::U32 => u32::from_f64(value),
         _ => u32::from(value != 0.0),
     }
+}
+
+/// `value` rounded once to the 16-bit float `dtype` (exact in f32).
+fn rounded(value: f64, dtype: DType) -> f64 {
+    let bytes = tessera_core::encode_f64(&[value], dtype);
+    tessera_core::decode_f64(&bytes, dtype)[0]
 }
 
 /// An f64 as two f32s whose sum is within f32 rounding of it twice over.
@@ -31,7 +42,12 @@ pub(crate) fn launch(core: &Core, op: &Op, outputs: &[TensorRef<'_>], s: &[f64])
     match op {
         Op::Fill { dtype } => {
             let bits = native_bits(s[0], *dtype);
-            let subst = [("NATIVE", native(*dtype).to_string())];
+            // An f16 comes as the f32 that holds it exactly; a bf16 as its 16 bits.
+            let value = match dtype {
+                DType::F16 => "to_f16(bitcast<f32>(p[2]))".to_string(),
+                other => format!("bitcast<{}>(p[2])", native(*other)),
+            };
+            let subst = [("FILL_VALUE", value)];
             run(
                 core,
                 &k("fill"),
@@ -50,7 +66,7 @@ pub(crate) fn launch(core: &Core, op: &Op, outputs: &[TensorRef<'_>], s: &[f64])
             let (a_hi, a_lo) = split(s[0]);
             let (d_hi, d_lo) = split(s[1]);
             let store = match dtype {
-                DType::F32 => "st1(p[1] + i, s + lo);",
+                DType::F32 | DType::F16 | DType::BF16 => "st1(p[1] + i, s + lo);",
                 DType::Bool => {
                     "let v = s + lo; let r = lo - (v - s); st1(p[1] + i, select(r, v, v != 0.0));"
                 }

@@ -4,8 +4,14 @@
 //! the shared part of its family file and one of the file's `// @kernel NAME` sections, with
 //! placeholders (upper-case words such as `BODY`) replaced. Binding `K` (from 1; binding 0 is
 //! the parameter block `p`) gets `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast`
-//! does), `ldnK`/`stnK` in its native type (`f32`, `i32`, `u32`; bool as a `u32` 0 or 1), and
-//! for index dtypes `ldiK(e) -> i32` (a u32 past `i32::MAX` reads as -1, i.e. out of range).
+//! does), `ldnK`/`stnK` in its native type (`f32`, `f16`, `i32`, `u32`; bool as a `u32` 0 or
+//! 1; bf16 as its 16 bits in a `u32`), and for index dtypes `ldiK(e) -> i32` (a u32 past
+//! `i32::MAX` reads as -1, i.e. out of range).
+//!
+//! 16-bit floats are stored as 16 bits and computed in f32: f16 as WGSL's `f16` (the adapter's
+//! `SHADER_F16`), bf16 packed two to a `u32`. Stores round to nearest even. Outputs of bool and
+//! bf16 are written through atomics on their 32-bit word, so threads writing different parts
+//! of one word never race.
 
 use tessera_core::{DType, Error, Result, TensorRef};
 
@@ -17,6 +23,7 @@ const COMMON: &str = include_str!("kernels/common.wgsl");
 fn binding(k: usize, dtype: DType, output: bool) -> String {
     let (arr, native, ld, st, ldi) = match dtype {
         DType::F32 => ("f32", "f32", "b{k}[e]", "b{k}[e] = v;", None),
+        DType::F16 => ("f16", "f16", "f32(b{k}[e])", "b{k}[e] = to_f16(v);", None),
         DType::I32 => (
             "i32",
             "i32",
@@ -34,18 +41,36 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
         _ => ("", "u32", "", "", None),
     };
     let mut s = String::new();
-    if dtype == DType::Bool {
+    if matches!(dtype, DType::Bool | DType::BF16) {
+        // Sub-word elements: the word of element `e`, its shift inside the word, the mask.
+        let (word, shift, mask) = if dtype == DType::Bool {
+            ("e >> 2u", "(e & 3u) * 8u", "0xffu")
+        } else {
+            ("e >> 1u", "(e & 1u) * 16u", "0xffffu")
+        };
         if output {
             s += "@group(0) @binding(K) var<storage, read_write> bK: array<atomic<u32>>;\n";
-            s += "fn ldnK(e: u32) -> u32 { return (atomicLoad(&bK[e >> 2u]) >> ((e & 3u) * 8u)) & 0xffu; }\n";
-            s += "fn stnK(e: u32, v: u32) { let sh = (e & 3u) * 8u; atomicAnd(&bK[e >> 2u], ~(0xffu << sh)); atomicOr(&bK[e >> 2u], (v & 0xffu) << sh); }\n";
+            s += &format!(
+                "fn ldnK(e: u32) -> u32 {{ return (atomicLoad(&bK[{word}]) >> ({shift})) & {mask}; }}\n"
+            );
+            s += &format!(
+                "fn stnK(e: u32, v: u32) {{ let sh = {shift}; atomicAnd(&bK[{word}], ~({mask} << sh)); \
+                 atomicOr(&bK[{word}], (v & {mask}) << sh); }}\n"
+            );
         } else {
             s += "@group(0) @binding(K) var<storage, read_write> bK: array<u32>;\n";
-            s += "fn ldnK(e: u32) -> u32 { return (bK[e >> 2u] >> ((e & 3u) * 8u)) & 0xffu; }\n";
-            s += "fn stnK(e: u32, v: u32) { bK[e >> 2u] = v; }\n";
+            s += &format!(
+                "fn ldnK(e: u32) -> u32 {{ return (bK[{word}] >> ({shift})) & {mask}; }}\n"
+            );
+            s += "fn stnK(e: u32, v: u32) { bK[e] = v; }\n";
         }
-        s += "fn ldK(e: u32) -> f32 { return select(0.0, 1.0, ldnK(e) != 0u); }\n";
-        s += "fn stK(e: u32, v: f32) { stnK(e, select(1u, 0u, v == 0.0)); }\n";
+        if dtype == DType::Bool {
+            s += "fn ldK(e: u32) -> f32 { return select(0.0, 1.0, ldnK(e) != 0u); }\n";
+            s += "fn stK(e: u32, v: f32) { stnK(e, select(1u, 0u, v == 0.0)); }\n";
+        } else {
+            s += "fn ldK(e: u32) -> f32 { return bitcast<f32>(ldnK(e) << 16u); }\n";
+            s += "fn stK(e: u32, v: f32) { stnK(e, bf16_bits(v)); }\n";
+        }
     } else {
         s += &format!("@group(0) @binding(K) var<storage, read_write> bK: array<{arr}>;\n");
         s += &format!("fn ldK(e: u32) -> f32 {{ return {ld}; }}\n");
@@ -60,10 +85,31 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
         .replace('K', &k.to_string())
 }
 
+/// f32 to f16, rounding to nearest even. WGSL leaves out-of-range conversions undefined, so
+/// overflow is made infinite here (65520 and above round to infinity), by an f16 product that
+/// overflows at run time.
+const TO_F16: &str = "
+fn to_f16(v: f32) -> f16 {
+    if (abs(v) >= 65520.0 && !is_nan(v)) { return f16(sign(v)) * f16(65504.0) * f16(2.0); }
+    return f16(v);
+}
+";
+
+/// f32 to bf16 bits, rounding to nearest even (overflow carries into infinity); NaN stays a
+/// quiet NaN.
+const BF16_BITS: &str = "
+fn bf16_bits(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    if (is_nan(v)) { return (b >> 16u) | 0x40u; }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+";
+
 /// The WGSL type a dtype loads as natively.
 pub(crate) fn native(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
+        DType::F16 => "f16",
         DType::I32 => "i32",
         _ => "u32",
     }
@@ -83,7 +129,18 @@ pub(crate) fn source(
         .skip(1)
         .find(|s| s.lines().next().map(str::trim) == Some(section))
         .unwrap_or("");
-    let mut src = String::from(COMMON);
+    let has = |dtype: DType| bindings.iter().any(|&(d, _)| d == dtype);
+    let mut src = String::new();
+    if has(DType::F16) {
+        src += "enable f16;\n";
+    }
+    src += COMMON;
+    if has(DType::F16) {
+        src += TO_F16;
+    }
+    if has(DType::BF16) {
+        src += BF16_BITS;
+    }
     for (k, &(dtype, output)) in bindings.iter().enumerate() {
         src += &binding(k + 1, dtype, output);
     }

@@ -6,7 +6,8 @@
 //! - [`harness`]: the forward, backward and finite-difference checks, the coverage table and
 //!   `target/conformance/coverage.json`.
 //!
-//! `TESSERA_DEVICES=cpu,wgpu` narrows the devices; `cargo test -p tessera-conformance` runs it.
+//! `TESSERA_DEVICES=cpu,wgpu` narrows the devices (and `TESSERA_OPS=matmul,conv2d` the ops of
+//! the `ops` test); `cargo test -p tessera-conformance` runs it.
 
 pub mod env;
 pub mod harness;

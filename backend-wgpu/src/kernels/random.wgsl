@@ -46,7 +46,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = p[0];
     let step = group_count(nwg) * WG;
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        stn1(p[1] + i, bitcast<NATIVE>(p[2]));
+        stn1(p[1] + i, FILL_VALUE);
     }
 }
 

@@ -80,10 +80,16 @@ pub(crate) fn launch(
                     params,
                 )
             };
+            let rows = q[0] * q[1] * q[2];
             if !backward {
+                // Fewer query rows than one workgroup of the row kernel has threads (decoding):
+                // a workgroup per row spreads its keys over threads instead. Its output is its
+                // running sum, so it serves f32 outputs only.
+                if rows < ROWS && outputs[0].dtype == DType::F32 {
+                    return launch("forward_rows", outputs, rows as u64);
+                }
                 return launch("forward", outputs, query_blocks);
             }
-            let rows = q[0] * q[1] * q[2];
             let scratch = core.scratch(rows * 4)?;
             let layout = Layout::contiguous(&[rows]);
             let delta = TensorRef {
@@ -266,7 +272,9 @@ impl Head {
                 }
             }
             _ => {
-                helpers += &row_loader("do_row", "ld6", "VDIM");
+                if kernel == "delta" {
+                    helpers += &row_loader("do_row", "ld6", "VDIM");
+                }
                 load = String::new();
                 zero = String::new();
                 scores = String::new();

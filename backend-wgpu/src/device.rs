@@ -520,10 +520,17 @@ impl Core {
                 limit: self.info.limits.max_buffer_bytes,
             });
         }
-        let _ = self.device.poll(wgpu::PollType::Poll);
-        let done = self.completed.load(Ordering::Acquire);
-        let backlog = lock(&self.pool).backlog(bytes, |b| b.last_use <= done);
-        if backlog.is_some_and(|waiting| waiting >= (4 * class).max(BACKLOG_BYTES)) {
+        let backlog = || {
+            let done = self.completed.load(Ordering::Acquire);
+            lock(&self.pool).backlog(bytes, |b| b.last_use <= done)
+        };
+        let mut waiting = backlog();
+        if waiting.is_some_and(|w| w > 0) {
+            // Cached blocks of the class wait for queued work: see whether it has finished.
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            waiting = backlog();
+        }
+        if waiting.is_some_and(|w| w >= (4 * class).max(BACKLOG_BYTES)) {
             self.drain()?;
         }
         match self.alloc_block(bytes) {

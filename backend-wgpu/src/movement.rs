@@ -61,7 +61,7 @@ pub(crate) fn launch(
         }
         Op::EmbeddingBackward => {
             let (v, d) = (out.layout.shape[0], out.layout.shape[1]);
-            random::launch(core, &Op::Fill { dtype: DType::F32 }, outputs, &[0.0])?;
+            random::launch(core, &Op::Fill { dtype: out.dtype }, outputs, &[0.0])?;
             let ids = &inputs[0];
             let positions = ids.layout.numel();
             let scratch = core.scratch(positions * 8)?;

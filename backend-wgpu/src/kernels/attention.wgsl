@@ -88,6 +88,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel forward_rows
+// For few query rows (decoding): a workgroup per query row, its threads over the keys, 256
+// at a time, folded into the output (the running accumulator) with an online softmax.
+// Bindings: 1 q, 2 k, 3 v, 4 out, 5 lse.
+var<workgroup> pb: array<f32, 256>;
+
+fn dot_qk(qb: u32, kb: u32) -> f32 {
+    var s = 0.0;
+    for (var d = 0u; d < p[5]; d++) { s += ld1(qb + d) * ld2(kb + d); }
+    return s;
+}
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0] * p[1] * p[3];
+    let dk = p[5];
+    let dv = p[6];
+    let scale = pf(8u);
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let i = row % p[3];
+        let lim = visible(i);
+        let qb = o(1u) + row * dk;
+        let kr = kv_rows(row / p[3]);
+        let ob = o(4u) + row * dv;
+        for (var d = lid; d < dv; d += WG) { st4(ob + d, 0.0); }
+        var m = -inf();
+        var l = 0.0;
+        for (var j0 = 0u; j0 < lim; j0 += WG) {
+            let j = j0 + lid;
+            var s = -inf();
+            if (j < lim) { s = scale * dot_qk(qb, o(2u) + (kr + j) * dk); }
+            let m_new = max(m, wg_max(s, lid));
+            let alpha = select(exp(m - m_new), 1.0, m_new == -inf());
+            let pj = select(exp(s - m_new), 0.0, s == -inf());
+            l = l * alpha + wg_sum(pj, lid);
+            m = m_new;
+            pb[lid] = pj;
+            workgroupBarrier();
+            let cnt = min(WG, lim - j0);
+            for (var d = lid; d < dv; d += WG) {
+                var acc = ld4(ob + d) * alpha;
+                for (var jj = 0u; jj < cnt; jj++) { acc += pb[jj] * ld3(o(3u) + (kr + j0 + jj) * dv + d); }
+                st4(ob + d, acc);
+            }
+            workgroupBarrier();
+        }
+        for (var d = lid; d < dv; d += WG) {
+            st4(ob + d, select(0.0, ld4(ob + d) / l, l > 0.0));
+        }
+        if (lid == 0u) { st5(o(5u) + row, select(-inf(), m + log(l), l > 0.0)); }
+        workgroupBarrier();
+    }
+}
+
 // @kernel delta
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

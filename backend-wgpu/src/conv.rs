@@ -1,17 +1,15 @@
 //! conv2d by im2col and the tiled matmul: the columns go to a scratch buffer from the pool,
-//! the products run as batched matmuls over strided views, the bias as a broadcast add, the
+//! the products run as batched matmuls over strided views, the bias through the residual
+//! epilogue as a broadcast view, the
 //! data gradient through col2im (a gather, so no atomics) and the weight gradient as one
 //! matmul per image accumulated in order through the residual epilogue.
-//!
-//! Only f32 is offered. In bf16 the forward pass with a bias gave wrong elements (a few per
-//! output, some zero) on lavapipe, and the f16 kernels did not compile (the scratch and the
-//! zero fill assume f32); until that is understood, 16-bit convolutions are `Unsupported`.
+//! The columns are f32 whatever the dtype, so 16-bit convolutions round once, at the output.
 
-use tessera_core::{BinaryOp, Conv2dParams, DType, Layout, Op, Result, TensorRef};
+use tessera_core::{Conv2dParams, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
+use crate::matmul;
 use crate::shader::{groups_for, key, run, unsupported};
-use crate::{elementwise, matmul};
 
 const SRC: &str = include_str!("kernels/conv.wgsl");
 
@@ -108,20 +106,24 @@ pub(crate) fn launch(
             im2col(&inputs[0])?;
             let a_l = strided(&[n, o, ckk], &[0, ckk, 1], wt.layout.offset);
             let y_l = strided(&[n, o, l], &[o * l, l, 1], y.layout.offset);
-            matmul::launch(core, &PLAIN, &[t(wt, &a_l), cols], &[t(y, &y_l)])?;
-            if *bias {
-                let b = &inputs[2];
-                let b_l = strided(&[n, o, l], &[0, b.layout.strides[0], 0], b.layout.offset);
-                let yin = t(y, &y_l);
-                elementwise::launch(
-                    core,
-                    &Op::Binary(BinaryOp::Add),
-                    &[yin, t(b, &b_l)],
-                    &[t(y, &y_l)],
-                    &[],
-                )?;
+            if !*bias {
+                return matmul::launch(core, &PLAIN, &[t(wt, &a_l), cols], &[t(y, &y_l)]);
             }
-            Ok(())
+            // The bias (one per output channel, a row of the product) enters through the
+            // residual epilogue as a view broadcast over images and positions.
+            let b = &inputs[2];
+            let b_l = strided(&[n, o, l], &[0, b.layout.strides[0], 0], b.layout.offset);
+            let with_bias = Op::Matmul {
+                bias: false,
+                activation: None,
+                residual: true,
+            };
+            matmul::launch(
+                core,
+                &with_bias,
+                &[t(wt, &a_l), cols, t(b, &b_l)],
+                &[t(y, &y_l)],
+            )
         }
         Op::Conv2dBackwardData { .. } => {
             let (dy, wt) = (&inputs[0], &inputs[1]);
@@ -147,14 +149,29 @@ pub(crate) fn launch(
             )
         }
         Op::Conv2dBackwardWeight { .. } => {
-            let (x, dy, dw) = (&inputs[0], &inputs[1], &outputs[0]);
+            let (x, dy, out) = (&inputs[0], &inputs[1], &outputs[0]);
             im2col(x)?;
+            // The sum over images runs in f32; a 16-bit gradient is rounded once at the end.
+            let sum_scratch;
+            let sum_layout = Layout::contiguous(&[o, ckk]);
+            let dw = if out.dtype == DType::F32 {
+                *out
+            } else {
+                sum_scratch = core.scratch(o * ckk * 4)?;
+                TensorRef {
+                    buffer: &sum_scratch,
+                    layout: &sum_layout,
+                    dtype: DType::F32,
+                }
+            };
+            let dw = &dw;
             let dw_l = strided(&[o, ckk], &[ckk, 1], dw.layout.offset);
             if n == 0 {
+                let out_l = strided(&[o, ckk], &[ckk, 1], out.layout.offset);
                 return crate::random::launch(
                     core,
-                    &Op::Fill { dtype: DType::F32 },
-                    &[t(dw, &dw_l)],
+                    &Op::Fill { dtype: out.dtype },
+                    &[t(out, &out_l)],
                     &[0.0],
                 );
             }
@@ -182,7 +199,17 @@ pub(crate) fn launch(
                     )?;
                 }
             }
-            Ok(())
+            if out.dtype == DType::F32 {
+                return Ok(());
+            }
+            let out_l = strided(&[o, ckk], &[ckk, 1], out.layout.offset);
+            crate::elementwise::launch(
+                core,
+                &Op::Cast { to: out.dtype },
+                &[t(dw, &dw_l)],
+                &[t(out, &out_l)],
+                &[],
+            )
         }
         _ => Err(unsupported(op)),
     }

@@ -951,9 +951,8 @@ fn supported(op: &Op, d: &[DType], f16: bool) -> bool {
         Op::CrossEntropy | Op::CrossEntropyBackward => {
             float_at(0) && index(1) && d[2..].iter().all(|&t| float(t))
         }
-        // Convolutions run in f32 only: their 16-bit rows failed conformance (see conv.rs).
         Op::Conv2d { .. } | Op::Conv2dBackwardData { .. } | Op::Conv2dBackwardWeight { .. } => {
-            conv::SUPPORTED && d.iter().all(|&t| t == DType::F32)
+            conv::SUPPORTED && all_float()
         }
         _ => all_float(),
     }

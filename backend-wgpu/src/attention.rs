@@ -84,8 +84,8 @@ pub(crate) fn launch(
             if !backward {
                 // Fewer query rows than one workgroup of the row kernel has threads (decoding):
                 // a workgroup per row spreads its keys over threads instead. Its output is its
-                // running sum, so it serves f32 outputs only.
-                if rows < ROWS && outputs[0].dtype == DType::F32 {
+                // running sum, so it serves f32 outputs only, and value rows up to 256 wide.
+                if rows < ROWS && outputs[0].dtype == DType::F32 && v[3] <= 256 {
                     return launch("forward_rows", outputs, rows as u64);
                 }
                 return launch("forward", outputs, query_blocks);

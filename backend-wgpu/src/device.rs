@@ -22,7 +22,7 @@ pub(crate) const PARAM_BLOCK: u64 = 1024;
 const PARAM_CAPACITY: u64 = 256 * 1024;
 /// Dispatches recorded before a batch is submitted without waiting for a sync point, so the
 /// GPU starts working while the host records more.
-const MAX_BATCH: usize = 256;
+const MAX_BATCH: usize = 32;
 /// Bind groups kept per device; the cache is cleared when it grows past this.
 const MAX_BIND_GROUPS: usize = 4096;
 /// Bytes of one size class that may wait for queued work before an allocation of that class

@@ -93,6 +93,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // at a time, folded into the output (the running accumulator) with an online softmax.
 // Bindings: 1 q, 2 k, 3 v, 4 out, 5 lse.
 var<workgroup> pb: array<f32, 256>;
+var<workgroup> parts: array<f32, 1024>;
 
 fn dot_qk(qb: u32, kb: u32) -> f32 {
     var s = 0.0;
@@ -125,11 +126,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             m = m_new;
             pb[lid] = pj;
             workgroupBarrier();
+            // Four quarters of the workgroup each sum every fourth key; the quarters then add
+            // up in order.
             let cnt = min(WG, lim - j0);
+            let quarter = lid / 64u;
+            for (var d = lid % 64u; d < dv; d += 64u) {
+                var part = 0.0;
+                for (var jj = quarter; jj < cnt; jj += 4u) { part += pb[jj] * ld3(o(3u) + (kr + j0 + jj) * dv + d); }
+                parts[quarter * 256u + d] = part;
+            }
+            workgroupBarrier();
             for (var d = lid; d < dv; d += WG) {
-                var acc = ld4(ob + d) * alpha;
-                for (var jj = 0u; jj < cnt; jj++) { acc += pb[jj] * ld3(o(3u) + (kr + j0 + jj) * dv + d); }
-                st4(ob + d, acc);
+                let sum = (parts[d] + parts[256u + d]) + (parts[512u + d] + parts[768u + d]);
+                st4(ob + d, ld4(ob + d) * alpha + sum);
             }
             workgroupBarrier();
         }

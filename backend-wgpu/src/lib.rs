@@ -13,12 +13,19 @@
 //!   per-submission parameter buffer and reached through a dynamic offset: no buffer is created
 //!   per dispatch. Bind groups are cached by the buffers they bind.
 //! - Dispatches are recorded into one command encoder and submitted at sync points: a read, a
-//!   `synchronize`, a host write, or when the batch grows large.
+//!   `synchronize`, a host write, or every 32 dispatches, so the GPU works while the host
+//!   records the rest.
 //! - Grids loop: kernels stride over work by the number of workgroups launched, and the grid is
 //!   spread over two dimensions, so no size is capped at 65,535 workgroups.
 //! - Buffers come from core's caching pool; a freed block is handed out again only once the
-//!   submission of its last use has completed.
-//! - Computation is f32 (dtypes f32, i32, u32 and bool); anything else is `Unsupported`.
+//!   submission of its last use has completed. When the blocks of one size class waiting for
+//!   queued work pass 64 MiB (and four blocks), an allocation waits for the queue instead of
+//!   growing the pool, and an allocation the driver refuses is retried once the queue drains.
+//! - Data is f32, f16 (where the adapter has `SHADER_F16`) or bf16 (16 bits packed in `u32`
+//!   words), with i32/u32 indices and bool masks; arithmetic is f32 and 16-bit results round
+//!   once, to nearest even, when stored.
+//! - With `Device::set_profiling(true)` every dispatch's pass writes GPU timestamps
+//!   (`TIMESTAMP_QUERY`), summed per kernel for `Device::profile` (`tessera bench --profile`).
 
 mod attention;
 mod buffer;

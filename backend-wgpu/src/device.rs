@@ -25,9 +25,6 @@ const PARAM_CAPACITY: u64 = 256 * 1024;
 const MAX_BATCH: usize = 32;
 /// Bind groups kept per device; the cache is cleared when it grows past this.
 const MAX_BIND_GROUPS: usize = 4096;
-/// Bytes of one size class that may wait for queued work before an allocation of that class
-/// waits for the queue instead of creating another block (at least four blocks may wait).
-const BACKLOG_BYTES: usize = 64 << 20;
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub(crate) const WG: u64 = 256;
 
@@ -520,23 +517,10 @@ impl Core {
                 limit: self.info.limits.max_buffer_bytes,
             });
         }
-        let backlog = || {
-            let done = self.completed.load(Ordering::Acquire);
-            lock(&self.pool).backlog(bytes, |b| b.last_use <= done)
-        };
-        let mut waiting = backlog();
-        if waiting.is_some_and(|w| w > 0) {
-            // Cached blocks of the class wait for queued work: see whether it has finished.
-            let _ = self.device.poll(wgpu::PollType::Poll);
-            waiting = backlog();
-        }
-        if waiting.is_some_and(|w| w >= (4 * class).max(BACKLOG_BYTES)) {
-            self.drain()?;
-        }
         match self.alloc_block(bytes) {
             Err(Error::OutOfMemory { .. }) => {
-                // Blocks freed by queued work become reusable once the queue drains.
-                self.drain()?;
+                // Cached blocks of other classes go back to the driver, then one more try.
+                lock(&self.pool).trim(|_| true);
                 self.alloc_block(bytes)
             }
             other => other,
@@ -553,11 +537,14 @@ impl Core {
 
     fn alloc_block(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
         let mut pool = lock(&self.pool);
-        let done = self.completed.load(Ordering::Acquire);
         let in_use = pool.stats().in_use;
+        // Stream-ordered reuse: every use of a buffer runs on this device's one queue in
+        // recording order, and wgpu orders each use after the previous ones (barriers between
+        // dispatches and submissions; host writes submit the recorded work first), so a freed
+        // block may serve the next allocation at once, even while queued work still reads it.
         let (block, class) = pool.alloc(
             bytes,
-            |b| b.last_use <= done,
+            |_| true,
             |class| {
                 let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
                 let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {

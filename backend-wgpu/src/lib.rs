@@ -17,10 +17,12 @@
 //!   records the rest.
 //! - Grids loop: kernels stride over work by the number of workgroups launched, and the grid is
 //!   spread over two dimensions, so no size is capped at 65,535 workgroups.
-//! - Buffers come from core's caching pool; a freed block is handed out again only once the
-//!   submission of its last use has completed. When the blocks of one size class waiting for
-//!   queued work pass 64 MiB (and four blocks), an allocation waits for the queue instead of
-//!   growing the pool, and an allocation the driver refuses is retried once the queue drains.
+//! - Buffers come from core's caching pool with stream-ordered reuse: a freed block serves the
+//!   next allocation of its size class at once, since every use runs on the device's one queue
+//!   in recording order (wgpu places barriers between dependent dispatches and submissions,
+//!   and host writes submit the recorded work first). The pool therefore holds the live
+//!   working set, whatever the GPU's lag; an allocation the driver refuses is retried once
+//!   after the cached blocks of other classes are released.
 //! - Data is f32, f16 (where the adapter has `SHADER_F16`) or bf16 (16 bits packed in `u32`
 //!   words), with i32/u32 indices and bool masks; arithmetic is f32 and 16-bit results round
 //!   once, to nearest even, when stored.

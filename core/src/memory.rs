@@ -1,8 +1,10 @@
 //! The caching allocator every device uses (DESIGN §5).
 //!
 //! Requests round up to size classes with at most 1/8 waste. Freed blocks wait in per-class
-//! free lists; a block is handed out again only once its owner says it is ready (a GPU backend
-//! checks that the queue has passed the block's last use). `reserved` (in use plus cached) may
+//! free lists; a block is handed out again only once its owner says it is ready, which keeps
+//! reuse ordered after the device's queued work: a backend whose queue runs every use of a
+//! buffer in order (wgpu) says so at once, one without that guarantee waits until the queue
+//! has passed the block's last use. `reserved` (in use plus cached) may
 //! not pass the limit: the pool first returns cached blocks to the system, then fails with
 //! [`Error::OutOfMemory`] and stays usable.
 
@@ -77,18 +79,6 @@ impl<B> Pool<B> {
         Ok((block, class))
     }
 
-    /// Bytes of `bytes`' class cached but not ready (still used by queued work), or `None`
-    /// when a ready block of the class is cached. A backend waits for its queue when this
-    /// grows, so a loop that never synchronizes reuses memory instead of growing without bound.
-    pub fn backlog(&self, bytes: usize, ready: impl Fn(&B) -> bool) -> Option<usize> {
-        let class = size_class(bytes);
-        let list = self.free.get(&class).map_or(&[][..], Vec::as_slice);
-        if list.iter().any(ready) {
-            return None;
-        }
-        Some(list.len() * class)
-    }
-
     fn note_in_use(&mut self, class: usize) {
         self.stats.in_use += class;
         self.stats.peak = self.stats.peak.max(self.stats.in_use);
@@ -129,18 +119,6 @@ impl<B> Pool<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backlog_counts_only_blocks_not_ready() {
-        let mut pool: Pool<bool> = Pool::default();
-        let (a, class) = pool.alloc(1000, |_| true, |_| Ok(false)).unwrap();
-        let (b, _) = pool.alloc(1000, |_| true, |_| Ok(false)).unwrap();
-        assert_eq!(pool.backlog(1000, |&r| r), Some(0));
-        pool.release(a, class);
-        pool.release(b, class);
-        assert_eq!(pool.backlog(1000, |&r| r), Some(2 * class));
-        assert_eq!(pool.backlog(1000, |_| true), None);
-    }
 
     #[test]
     fn size_classes_waste_at_most_an_eighth() {

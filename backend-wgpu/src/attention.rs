@@ -115,7 +115,8 @@ pub(crate) fn launch(
     }
 }
 
-/// The WGSL section a generated kernel comes from (dk and dv share one).
+/// The WGSL section a generated kernel comes from (dk and dv share one; delta_sum runs the dq
+/// section with its own generated parts).
 fn section_of(kernel: &str) -> &str {
     match kernel {
         "dk" | "dv" => "dkv",

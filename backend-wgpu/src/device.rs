@@ -91,12 +91,14 @@ pub(crate) struct Bind<'a> {
 #[derive(Debug)]
 struct ParamBuf {
     buffer: wgpu::Buffer,
-    id: u64,
+    /// Group 0 of every pipeline: this buffer at a dynamic offset.
+    bind_group: wgpu::BindGroup,
     last_use: u64,
 }
 
-/// Bind groups are cached by parameter buffer and the (buffer, offset, size) of each binding.
-type BindKey = (u64, Vec<(u64, u64, u64)>);
+/// Data bind groups (group 1) are cached by the (buffer, offset, size) of each binding; the
+/// parameter buffer has its own group, so which one a batch uses never misses this cache.
+type BindKey = Vec<(u64, u64, u64)>;
 
 /// Kernels are cached per op descriptor and input dtypes.
 type KernelKey = (Op, Vec<DType>);
@@ -135,6 +137,9 @@ pub(crate) struct Core {
     errors: Arc<Mutex<Vec<String>>>,
     state: Mutex<State>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    /// Group 0: the launch parameters, read-only storage at a dynamic offset.
+    param_layout: wgpu::BindGroupLayout,
+    /// Group 1 by its number of data bindings, with the pipeline layout of both groups.
     layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     next_id: AtomicU64,
     syncs: AtomicU64,
@@ -247,9 +252,21 @@ impl Core {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("tessera params"),
+            layout: &self.param_layout,
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(PARAM_BLOCK),
+                }),
+            }],
+        });
         ParamBuf {
             buffer,
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            bind_group,
             last_use: 0,
         }
     }
@@ -259,23 +276,18 @@ impl Core {
         layouts
             .entry(bindings)
             .or_insert_with(|| {
-                let storage = |read_only, dynamic| wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage { read_only },
-                    has_dynamic_offset: dynamic,
-                    min_binding_size: None,
-                };
-                let mut entries = vec![wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: storage(true, true),
-                    count: None,
-                }];
-                entries.extend((1..=bindings).map(|b| wgpu::BindGroupLayoutEntry {
-                    binding: b as u32,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: storage(false, false),
-                    count: None,
-                }));
+                let entries: Vec<wgpu::BindGroupLayoutEntry> = (1..=bindings)
+                    .map(|b| wgpu::BindGroupLayoutEntry {
+                        binding: b as u32,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only: false },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    })
+                    .collect();
                 let bgl = self
                     .device
                     .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
@@ -286,7 +298,7 @@ impl Core {
                     .device
                     .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
                         label: Some("tessera layout"),
-                        bind_group_layouts: &[Some(&bgl)],
+                        bind_group_layouts: &[Some(&self.param_layout), Some(&bgl)],
                         immediate_size: 0,
                     });
                 (bgl, pl)
@@ -437,31 +449,24 @@ impl Core {
             .params
             .as_ref()
             .ok_or_else(|| backend_err("no parameter buffer"))?;
-        let key: BindKey = (
-            pb.id,
-            binds.iter().map(|b| (b.buf.id, b.offset, b.size)).collect(),
-        );
+        let key: BindKey = binds.iter().map(|b| (b.buf.id, b.offset, b.size)).collect();
         if st.bind_groups.len() >= MAX_BIND_GROUPS {
             st.bind_groups.clear();
         }
         if !st.bind_groups.contains_key(&key) {
             let (bgl, _) = self.layout(binds.len());
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &pb.buffer,
-                    offset: 0,
-                    size: wgpu::BufferSize::new(PARAM_BLOCK),
-                }),
-            }];
-            entries.extend(binds.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &b.buf.buffer,
-                    offset: b.offset,
-                    size: wgpu::BufferSize::new(b.size),
-                }),
-            }));
+            let entries: Vec<wgpu::BindGroupEntry> = binds
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &b.buf.buffer,
+                        offset: b.offset,
+                        size: wgpu::BufferSize::new(b.size),
+                    }),
+                })
+                .collect();
             let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &bgl,
@@ -491,7 +496,8 @@ impl Core {
                 timestamp_writes,
             });
             pass.set_pipeline(&pipe.pipeline);
-            pass.set_bind_group(0, bg, &[param_offset as u32]);
+            pass.set_bind_group(0, &pb.bind_group, &[param_offset as u32]);
+            pass.set_bind_group(1, bg, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         for b in binds {
@@ -707,7 +713,21 @@ impl WgpuDevice {
                 detail: "the adapter's compute limits are below WebGPU's defaults".into(),
             });
         }
+        let param_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("tessera params"),
+            entries: &[wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: true },
+                    has_dynamic_offset: true,
+                    min_binding_size: None,
+                },
+                count: None,
+            }],
+        });
         let core = Core {
+            param_layout,
             align: u64::from(limits.min_storage_buffer_offset_alignment.max(4)),
             max_binding: limits.max_storage_buffer_binding_size,
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),

@@ -11,7 +11,8 @@
 //!   Pipelines are compiled once per device and cached by op, dtypes and variant.
 //! - Launch parameters (sizes, strides, offsets, scalars) are `u32` words written into a
 //!   per-submission parameter buffer and reached through a dynamic offset: no buffer is created
-//!   per dispatch. Bind groups are cached by the buffers they bind.
+//!   per dispatch. The parameter buffer is bind group 0 and the data bind group 1, so data bind
+//!   groups are cached by the buffers they bind alone.
 //! - Dispatches are recorded into one command encoder and submitted at sync points: a read, a
 //!   `synchronize`, a host write, or every 32 dispatches, so the GPU works while the host
 //!   records the rest.

@@ -2,8 +2,8 @@
 //!
 //! A kernel's source is `common.wgsl`, then generated declarations for each data binding, then
 //! the shared part of its family file and one of the file's `// @kernel NAME` sections, with
-//! placeholders (upper-case words such as `BODY`) replaced. Binding `K` (from 1; binding 0 is
-//! the parameter block `p`) gets `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast`
+//! placeholders (upper-case words such as `BODY`) replaced. Binding `K` of group 1 (from 1; group 0
+//! holds the parameter block `p`) gets `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast`
 //! does), `ldnK`/`stnK` in its native type (`f32`, `f16`, `i32`, `u32`; bool as a `u32` 0 or
 //! 1; bf16 as its 16 bits in a `u32`), and for index dtypes `ldiK(e) -> i32` (a u32 past
 //! `i32::MAX` reads as -1, i.e. out of range).
@@ -49,7 +49,7 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
             ("e >> 1u", "(e & 1u) * 16u", "0xffffu")
         };
         if output {
-            s += "@group(0) @binding(K) var<storage, read_write> bK: array<atomic<u32>>;\n";
+            s += "@group(1) @binding(K) var<storage, read_write> bK: array<atomic<u32>>;\n";
             s += &format!(
                 "fn ldnK(e: u32) -> u32 {{ return (atomicLoad(&bK[{word}]) >> ({shift})) & {mask}; }}\n"
             );
@@ -58,7 +58,7 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
                  atomicOr(&bK[{word}], (v & {mask}) << sh); }}\n"
             );
         } else {
-            s += "@group(0) @binding(K) var<storage, read_write> bK: array<u32>;\n";
+            s += "@group(1) @binding(K) var<storage, read_write> bK: array<u32>;\n";
             s += &format!(
                 "fn ldnK(e: u32) -> u32 {{ return (bK[{word}] >> ({shift})) & {mask}; }}\n"
             );
@@ -72,7 +72,7 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
             s += "fn stK(e: u32, v: f32) { stnK(e, bf16_bits(v)); }\n";
         }
     } else {
-        s += &format!("@group(0) @binding(K) var<storage, read_write> bK: array<{arr}>;\n");
+        s += &format!("@group(1) @binding(K) var<storage, read_write> bK: array<{arr}>;\n");
         s += &format!("fn ldK(e: u32) -> f32 {{ return {ld}; }}\n");
         s += &format!("fn stK(e: u32, v: f32) {{ {st} }}\n");
         s += &format!("fn ldnK(e: u32) -> {native} {{ return bK[e]; }}\n");

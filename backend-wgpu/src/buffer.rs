@@ -2,31 +2,26 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tessera_core::memory::Pool;
 use tessera_core::{Buffer, Error, Result};
 
-/// One raw allocation and the submission that last used it: the pool hands it out again only
-/// once that submission has completed.
+/// One raw allocation. The pool hands it out again as soon as it is freed: every use runs on
+/// the device's one queue in recording order (see `Core::alloc_block`).
 #[derive(Debug)]
 pub(crate) struct Block {
     pub buffer: wgpu::Buffer,
     /// Unique per allocation, for bind group cache keys.
     pub id: u64,
-    pub last_use: u64,
 }
 
 pub(crate) type SharedPool = Arc<Mutex<Pool<Block>>>;
 
-/// A region of device memory. Dropping it returns the block to the pool, stamped with the
-/// submission of its last use.
+/// A region of device memory. Dropping it returns the block to the pool.
 pub struct WgpuBuffer {
     pub(crate) buffer: wgpu::Buffer,
     pub(crate) id: u64,
-    /// The submission sequence number of the latest batch that uses this buffer.
-    pub(crate) last_use: AtomicU64,
     len: usize,
     class: usize,
     pool: SharedPool,
@@ -37,16 +32,10 @@ impl WgpuBuffer {
         WgpuBuffer {
             buffer: block.buffer,
             id: block.id,
-            last_use: AtomicU64::new(block.last_use),
             len,
             class,
             pool,
         }
-    }
-
-    /// Records that the batch `seq` uses this buffer.
-    pub(crate) fn used_in(&self, seq: u64) {
-        self.last_use.fetch_max(seq, Ordering::AcqRel);
     }
 
     /// Size of the underlying allocation (the size class, a multiple of 4 bytes).
@@ -80,7 +69,6 @@ impl Drop for WgpuBuffer {
         let block = Block {
             buffer: self.buffer.clone(),
             id: self.id,
-            last_use: self.last_use.load(Ordering::Acquire),
         };
         self.pool
             .lock()

@@ -500,9 +500,6 @@ impl Core {
             pass.set_bind_group(1, bg, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
-        for b in binds {
-            b.buf.used_in(st.seq);
-        }
         st.dispatches += 1;
         st.dirty = true;
         Ok(())
@@ -571,7 +568,6 @@ impl Core {
                 Ok(Block {
                     buffer,
                     id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                    last_use: 0,
                 })
             },
         )?;
@@ -609,7 +605,6 @@ impl Core {
                 })
         });
         encoder.copy_buffer_to_buffer(&buf.buffer, start, &staging, 0, size);
-        buf.used_in(st.seq);
         st.dirty = true;
         self.flush(&mut st);
         let (tx, rx) = mpsc::channel();
@@ -807,7 +802,6 @@ impl Device for WgpuDevice {
         // Host writes land before the next submission: submit the kernels queued so far first.
         core.flush(&mut st);
         core.queue.write_buffer(&buf.buffer, start as u64, &bytes);
-        buf.used_in(st.seq);
         st.dirty = true;
         Ok(())
     }
@@ -856,11 +850,10 @@ impl Device for WgpuDevice {
     }
 
     fn empty_cache(&self) {
-        let _ = self.core.device.poll(wgpu::PollType::Poll);
-        let done = self.core.completed.load(Ordering::Acquire);
-        // Cached bind groups keep their buffers alive: drop them with the blocks.
+        // Cached bind groups keep their buffers alive: drop them with the blocks. wgpu frees a
+        // buffer's memory once the work already submitted or recorded with it is done.
         self.core.state().bind_groups.clear();
-        lock(&self.core.pool).trim(|b| b.last_use <= done);
+        lock(&self.core.pool).trim(|_| true);
     }
 
     fn reset_peak(&self) {

@@ -130,6 +130,8 @@ pub(crate) struct Core {
     max_binding: u64,
     max_groups: u64,
     workgroup_memory: usize,
+    /// Whether f16 matmuls may run on cooperative matrices (see [`tensor_cores`]).
+    coop_f16: bool,
     /// Whether the adapter writes timestamps in compute passes (for profiling).
     timestamps: bool,
     pool: SharedPool,
@@ -395,6 +397,11 @@ impl Core {
         [x as u32, y as u32, 1]
     }
 
+    /// Whether f16 matmuls run on cooperative matrices.
+    pub(crate) fn coop_f16(&self) -> bool {
+        self.coop_f16
+    }
+
     /// Bytes of workgroup memory a kernel may use.
     pub(crate) fn workgroup_memory(&self) -> usize {
         self.workgroup_memory
@@ -645,6 +652,22 @@ impl fmt::Debug for WgpuDevice {
     }
 }
 
+/// Whether the adapter multiplies 16x16x16 f16 cooperative matrices into f32 in subgroups of
+/// exactly 32 invocations, the shape the `coop` matmul kernel is written for (NVIDIA's tensor
+/// cores through `VK_KHR_cooperative_matrix`).
+fn tensor_cores(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    let offered = adapter.features();
+    offered.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.cooperative_matrix_properties().iter().any(|c| {
+            (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                && c.ab_type == wgpu::CooperativeScalarType::F16
+                && c.cr_type == wgpu::CooperativeScalarType::F32
+        })
+}
+
 impl WgpuDevice {
     /// Opens `adapter` with every limit it offers.
     pub fn open(adapter: wgpu::Adapter, ordinal: usize) -> Result<Self> {
@@ -654,11 +677,26 @@ impl WgpuDevice {
         let offered = adapter.features();
         let timestamps = offered.contains(wgpu::Features::TIMESTAMP_QUERY);
         let f16 = offered.contains(wgpu::Features::SHADER_F16);
+        let subgroups = offered.contains(wgpu::Features::SUBGROUP);
+        let coop_f16 = f16 && subgroups && tensor_cores(&adapter);
+        let mut wanted =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        if coop_f16 {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let experimental_features = if coop_f16 {
+            // SAFETY: the only experimental feature requested is cooperative matrices, used
+            // only in the configuration the adapter reports (`tensor_cores`), by one kernel
+            // whose matrices are loaded from and stored to workgroup arrays sized for them.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("tessera"),
-            required_features: offered
-                & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16),
+            required_features: offered & wanted,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .map_err(|e| Error::Device {
@@ -689,8 +727,8 @@ impl WgpuDevice {
             features: Features {
                 f16,
                 bf16: true,
-                subgroups: false,
-                cooperative_matrix: false,
+                subgroups,
+                cooperative_matrix: coop_f16,
             },
             limits: Limits {
                 max_buffer_bytes: usize::try_from(limits.max_buffer_size).unwrap_or(usize::MAX),
@@ -727,6 +765,7 @@ impl WgpuDevice {
             max_binding: limits.max_storage_buffer_binding_size,
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
             workgroup_memory: limits.max_compute_workgroup_storage_size as usize,
+            coop_f16,
             timestamps,
             device,
             queue,

@@ -1,9 +1,11 @@
 //! Batched matmul with bias, activation and residual epilogues: one register-blocked tiled
 //! kernel reading every operand in place through its strides. Each operand's tile loader walks
 //! the operand's dimension with the smaller stride (k, or rows / columns), chosen here per
-//! launch, so global reads coalesce for plain and transposed layouts alike.
+//! launch, so global reads coalesce for plain and transposed layouts alike. f16 matmuls run on
+//! cooperative matrices (tensor cores) where the adapter offers them; matmuls of at most
+//! [`MAX_FEW_ROWS`] rows run a split-K kernel instead.
 
-use tessera_core::{Op, Result, TensorRef, UnaryOp};
+use tessera_core::{DType, Op, Result, TensorRef, UnaryOp};
 
 use crate::device::Core;
 use crate::shader::{key, run_grid, unsupported};
@@ -42,6 +44,30 @@ fn few_rows_code(m: usize) -> Vec<(&'static str, String)> {
                 + &each(&format!("acc# += {} * w0;\n", a("kk"))),
         ),
         ("SAVE", each("part[#u * 256u + lid] = acc#;\n")),
+    ]
+}
+
+/// The tensor-core kernel's staging code: each thread's sixteen elements of each operand per
+/// step, held in named variables between the fetch and the store to workgroup memory.
+fn coop_staging_code() -> Vec<(&'static str, String)> {
+    let each = |t: &str| {
+        (0..16)
+            .map(|j| t.replace('#', &j.to_string()))
+            .collect::<String>()
+    };
+    vec![
+        ("DECLARE", each("var xa#: f16;\nvar xb#: f16;\n")),
+        (
+            "FETCH",
+            each(
+                "xa# = elem_a(lid + 256u * #u, m, k, m0, k0, a_base);\n\
+                 xb# = elem_b(lid + 256u * #u, n, k, n0, k0, b_base);\n",
+            ),
+        ),
+        (
+            "STASH",
+            each("put_a(lid + 256u * #u, xa#);\nput_b(lid + 256u * #u, xb#);\n"),
+        ),
     ]
 }
 
@@ -101,6 +127,7 @@ pub(crate) fn launch(
         ("B_AT", b_at.to_string()),
     ];
     let few_rows = m <= MAX_FEW_ROWS && b_at == "along_k";
+    let tensor_cores = core.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
     let (section, variant, grid) = if few_rows {
         subst.extend(few_rows_code(m));
         let grid = [core.dim(n.div_ceil(8)), 1, core.dim(batch)];
@@ -111,7 +138,14 @@ pub(crate) fn launch(
             core.dim(m.div_ceil(128)),
             core.dim(batch),
         ];
-        ("matmul", format!("tiled128/{a_at}/{b_at}"), grid)
+        if tensor_cores {
+            subst[2].1 = a_at.replace("along", "coop");
+            subst[3].1 = b_at.replace("along", "coop");
+            subst.extend(coop_staging_code());
+            ("coop", format!("coop/{a_at}/{b_at}"), grid)
+        } else {
+            ("matmul", format!("tiled128/{a_at}/{b_at}"), grid)
+        }
     };
     let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
     let bs = |t: &TensorRef<'_>| t.layout.strides[..r - 2].to_vec();
@@ -152,4 +186,47 @@ pub(crate) fn launch(
             };
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shader::source;
+
+    /// The tensor-core kernel runs only on adapters with cooperative matrices (not lavapipe),
+    /// so its WGSL is at least checked everywhere: parsed and validated as the device would.
+    #[test]
+    fn the_tensor_core_kernel_is_valid_wgsl() {
+        let f16 = |output| (DType::F16, output);
+        for (a_at, b_at, epilogue, bindings) in [
+            ("coop_k", "coop_mn", "", vec![f16(false), f16(false), f16(true)]),
+            (
+                "coop_mn",
+                "coop_k",
+                "v += ld3(p[11] + gn * p[12]);\nv = gelu(v);\nv += ld4(r_base + gm * p[14] + gn * p[15]);\n",
+                vec![f16(false), f16(false), f16(false), f16(false), f16(true)],
+            ),
+        ] {
+            let store = format!("st{}", bindings.len());
+            let subst = [
+                ("EPILOGUE", epilogue.to_string()),
+                ("STORE", store),
+                ("A_AT", a_at.to_string()),
+                ("B_AT", b_at.to_string()),
+            ];
+            let mut subst = subst.to_vec();
+            subst.extend(coop_staging_code());
+            let src = source(SRC, "coop", &bindings, &subst);
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+        }
+    }
 }

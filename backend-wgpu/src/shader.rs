@@ -134,6 +134,9 @@ pub(crate) fn source(
     if has(DType::F16) {
         src += "enable f16;\n";
     }
+    if body.contains("coop_mat") {
+        src += "enable wgpu_cooperative_matrix;\n";
+    }
     src += COMMON;
     if has(DType::F16) {
         src += TO_F16;

@@ -278,3 +278,136 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
 }
+
+// @kernel coop
+// f16 operands on the tensor cores (cooperative matrices, 16x16x16 f16 products summed in
+// f32), where the adapter offers them with subgroups of 32. A 256-thread workgroup computes a
+// 128x128 output tile; its eight subgroups each own a 64x32 block (4 x 2 accumulators). Per
+// step of 32 k the threads copy both operand tiles into workgroup memory through the strided
+// loaders (zeros past the matrix, so edges and transposed or broadcast operands need nothing
+// special), then every subgroup multiplies from there. The next step's elements are fetched
+// into registers before the multiplications, so their latency hides behind them: sixteen
+// elements of each operand per thread, in named variables (generated, matmul.rs) so that the
+// loads issue together and nothing is indexed dynamically. Each
+// accumulator is finished through a 16x16 f32 staging tile of its subgroup and the shared
+// epilogue `put`. Products meet in a fixed order, so results are deterministic.
+const CK: u32 = 32u;
+// Row strides of the staged tiles, padded by 8 halves against bank conflicts.
+const LDA: u32 = 40u;
+const LDB: u32 = 136u;
+var<workgroup> ca: array<f16, 5120>;
+var<workgroup> cb: array<f16, 4352>;
+var<workgroup> cout: array<f32, 2048>;
+
+// Element `e` of a 128 x 32 tile as (row or column, k): consecutive `e` walk k (`coop_k`) or
+// the rows or columns (`coop_mn`).
+fn coop_k(e: u32) -> vec2<u32> { return vec2<u32>(e / 32u, e % 32u); }
+fn coop_mn(e: u32) -> vec2<u32> { return vec2<u32>(e % 128u, e / 128u); }
+
+// Element `e` of the step at `k0` of `a` (`b`), zero outside the matrix. The address is
+// clamped rather than branched around, so the loads of a step issue back to back.
+fn elem_a(e: u32, m: u32, k: u32, m0: u32, k0: u32, a_base: u32) -> f16 {
+    let r = A_AT(e);
+    let gm = m0 + r.x;
+    let gk = k0 + r.y;
+    let v = ld1(a_base + min(gm, m - 1u) * p[6] + min(gk, k - 1u) * p[7]);
+    return f16(select(0.0, v, gm < m && gk < k));
+}
+fn elem_b(e: u32, n: u32, k: u32, n0: u32, k0: u32, b_base: u32) -> f16 {
+    let r = B_AT(e);
+    let gn = n0 + r.x;
+    let gk = k0 + r.y;
+    let v = ld2(b_base + min(gn, n - 1u) * p[10] + min(gk, k - 1u) * p[9]);
+    return f16(select(0.0, v, gn < n && gk < k));
+}
+fn put_a(e: u32, v: f16) {
+    let r = A_AT(e);
+    ca[r.x * LDA + r.y] = v;
+}
+fn put_b(e: u32, v: f16) {
+    let r = B_AT(e);
+    cb[r.y * LDB + r.x] = v;
+}
+
+// Writes accumulator (i, j) of subgroup `sg` through its staging tile.
+fn finish(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, m: u32, n: u32, gm0: u32, gn0: u32, r_base: u32, o_base: u32) {
+    workgroupBarrier();
+    coopStoreT(acc, &cout[sg * 256u], 16u);
+    workgroupBarrier();
+    for (var e = lane; e < 256u; e += 32u) {
+        put(m, n, gm0 + e / 16u, gn0 + e % 16u, r_base, o_base, cout[sg * 256u + e]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let m = p[0];
+    let n = p[1];
+    let k = p[2];
+    let batch = p[3];
+    let br = p[4];
+    let tiles_m = (m + 127u) / 128u;
+    let tiles_n = (n + 127u) / 128u;
+    let rm = (sg / 4u) * 64u;
+    let rn = (sg % 4u) * 32u;
+    for (var z = wid.z; z < batch; z += nwg.z) {
+        let a_base = p[5] + strided(z, br, 17u, 17u + br);
+        let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
+        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
+        let o_base = p[16] + z * m * n;
+        for (var ty = wid.y; ty < tiles_m; ty += nwg.y) {
+            for (var tx = wid.x; tx < tiles_n; tx += nwg.x) {
+                let m0 = ty * 128u;
+                let n0 = tx * 128u;
+                DECLARE
+                var c00 = coop_mat16x16<f32, C>();
+                var c01 = coop_mat16x16<f32, C>();
+                var c10 = coop_mat16x16<f32, C>();
+                var c11 = coop_mat16x16<f32, C>();
+                var c20 = coop_mat16x16<f32, C>();
+                var c21 = coop_mat16x16<f32, C>();
+                var c30 = coop_mat16x16<f32, C>();
+                var c31 = coop_mat16x16<f32, C>();
+                var k0 = 0u;
+                if (k > 0u) {
+                    FETCH
+                }
+                for (; k0 < k; k0 += CK) {
+                    workgroupBarrier();
+                    STASH
+                    workgroupBarrier();
+                    if (k0 + CK < k) {
+                        let k0 = k0 + CK;
+                        FETCH
+                    }
+                    for (var kk = 0u; kk < CK; kk += 16u) {
+                        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ca[rm * LDA + kk], LDA);
+                        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ca[(rm + 16u) * LDA + kk], LDA);
+                        let a2 = coopLoadT<coop_mat16x16<f16, A>>(&ca[(rm + 32u) * LDA + kk], LDA);
+                        let a3 = coopLoadT<coop_mat16x16<f16, A>>(&ca[(rm + 48u) * LDA + kk], LDA);
+                        let b0 = coopLoadT<coop_mat16x16<f16, B>>(&cb[kk * LDB + rn], LDB);
+                        let b1 = coopLoadT<coop_mat16x16<f16, B>>(&cb[kk * LDB + rn + 16u], LDB);
+                        c00 = coopMultiplyAdd(a0, b0, c00);
+                        c01 = coopMultiplyAdd(a0, b1, c01);
+                        c10 = coopMultiplyAdd(a1, b0, c10);
+                        c11 = coopMultiplyAdd(a1, b1, c11);
+                        c20 = coopMultiplyAdd(a2, b0, c20);
+                        c21 = coopMultiplyAdd(a2, b1, c21);
+                        c30 = coopMultiplyAdd(a3, b0, c30);
+                        c31 = coopMultiplyAdd(a3, b1, c31);
+                    }
+                }
+                let gm = m0 + rm;
+                let gn = n0 + rn;
+                finish(c00, sg, lane, m, n, gm, gn, r_base, o_base);
+                finish(c01, sg, lane, m, n, gm, gn + 16u, r_base, o_base);
+                finish(c10, sg, lane, m, n, gm + 16u, gn, r_base, o_base);
+                finish(c11, sg, lane, m, n, gm + 16u, gn + 16u, r_base, o_base);
+                finish(c20, sg, lane, m, n, gm + 32u, gn, r_base, o_base);
+                finish(c21, sg, lane, m, n, gm + 32u, gn + 16u, r_base, o_base);
+                finish(c30, sg, lane, m, n, gm + 48u, gn, r_base, o_base);
+                finish(c31, sg, lane, m, n, gm + 48u, gn + 16u, r_base, o_base);
+            }
+        }
+    }
+}

@@ -107,6 +107,11 @@ type KernelKey = (Op, Vec<DType>);
 struct State {
     /// Sequence number of the batch being recorded; batch `s` is done once `completed >= s`.
     seq: u64,
+    /// The compute pass the batch's dispatches are recorded into: one pass for many
+    /// dispatches (wgpu still orders dependent dispatches with barriers), ended before the
+    /// encoder records anything else. Profiling gives each dispatch its own pass instead, for
+    /// its timestamps. Declared before the encoder, so it drops first.
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
     params: Option<ParamBuf>,
@@ -176,6 +181,7 @@ impl Core {
                 self.queue.write_buffer(&pb.buffer, 0, &st.param_data);
             }
         }
+        st.pass = None;
         let timed = st.profiler.as_ref().map_or(0, |p| p.recorded.len()) as u64;
         if let (Some(prof), Some(encoder)) = (&st.profiler, &mut st.encoder) {
             if timed > 0 {
@@ -481,13 +487,7 @@ impl Core {
             });
             st.bind_groups.insert(key.clone(), bg);
         }
-        let bg = &st.bind_groups[&key];
-        let encoder = st.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("tessera batch"),
-                })
-        });
+        let bg = st.bind_groups[&key].clone();
         let timestamp_writes = st.profiler.as_mut().map(|prof| {
             let at = 2 * prof.recorded.len() as u32;
             prof.recorded.push(pipe.name.clone());
@@ -497,19 +497,43 @@ impl Core {
                 end_of_pass_write_index: Some(at + 1),
             }
         });
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes,
-            });
-            pass.set_pipeline(&pipe.pipeline);
-            pass.set_bind_group(0, &pb.bind_group, &[param_offset as u32]);
-            pass.set_bind_group(1, bg, &[]);
-            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        let timed = timestamp_writes.is_some();
+        if timed || st.pass.is_none() {
+            st.pass = None;
+            let pass = Self::encoder(&self.device, &mut st.encoder)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes,
+                })
+                .forget_lifetime();
+            st.pass = Some(pass);
+        }
+        let pass = st
+            .pass
+            .as_mut()
+            .ok_or_else(|| backend_err("no compute pass"))?;
+        pass.set_pipeline(&pipe.pipeline);
+        pass.set_bind_group(0, &pb.bind_group, &[param_offset as u32]);
+        pass.set_bind_group(1, &bg, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if timed {
+            st.pass = None;
         }
         st.dispatches += 1;
         st.dirty = true;
         Ok(())
+    }
+
+    /// The batch's command encoder, created on first use. No compute pass may be open on it.
+    fn encoder<'e>(
+        device: &wgpu::Device,
+        encoder: &'e mut Option<wgpu::CommandEncoder>,
+    ) -> &'e mut wgpu::CommandEncoder {
+        encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("tessera batch"),
+            })
+        })
     }
 
     /// A scratch buffer from the pool, for kernels that need intermediate results.
@@ -605,13 +629,14 @@ impl Core {
             .staging
             .clone()
             .ok_or_else(|| backend_err("no staging buffer"))?;
-        let encoder = st.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("tessera batch"),
-                })
-        });
-        encoder.copy_buffer_to_buffer(&buf.buffer, start, &staging, 0, size);
+        st.pass = None;
+        Self::encoder(&self.device, &mut st.encoder).copy_buffer_to_buffer(
+            &buf.buffer,
+            start,
+            &staging,
+            0,
+            size,
+        );
         st.dirty = true;
         self.flush(&mut st);
         let (tx, rx) = mpsc::channel();
@@ -776,6 +801,7 @@ impl WgpuDevice {
             state: Mutex::new(State {
                 seq: 1,
                 encoder: None,
+                pass: None,
                 dispatches: 0,
                 params: None,
                 param_data: Vec::new(),

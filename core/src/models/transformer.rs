@@ -21,7 +21,8 @@ pub(crate) enum InitKind {
 /// a checkpoint.
 pub(crate) type ParamSource<'a> = dyn FnMut(&str, &[usize], InitKind) -> Result<Tensor> + 'a;
 
-/// Pre-norm residual block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`.
+/// Pre-norm residual block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`, each residual
+/// added in the epilogue of the branch's last matmul.
 pub struct Block {
     pub norm1: Norm,
     pub attn: CausalSelfAttention,
@@ -37,8 +38,10 @@ impl Block {
         start: usize,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Result<Tensor> {
-        let x = x.add(&self.attn.forward(&self.norm1.forward(x)?, start, cache)?)?;
-        x.add(&self.mlp.forward(&self.norm2.forward(&x)?)?)
+        let x = self
+            .attn
+            .forward(&self.norm1.forward(x)?, start, cache, Some(x))?;
+        self.mlp.forward(&self.norm2.forward(&x)?, Some(&x))
     }
 }
 

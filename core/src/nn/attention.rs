@@ -109,13 +109,15 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    /// `x [B, T, C]` at positions `start..start + T` to `[B, T, C]`. With a cache, the new keys
-    /// and values are appended and attention covers every cached position.
+    /// `x [B, T, C]` at positions `start..start + T` to `[B, T, C]`, plus `residual` if given
+    /// (added in the output projection's matmul). With a cache, the new keys and values are
+    /// appended and attention covers every cached position.
     pub fn forward(
         &self,
         x: &Tensor,
         start: usize,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
+        residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let &[b, t, _] = x.shape() else {
             return Err(crate::Error::shape(
@@ -152,7 +154,7 @@ impl CausalSelfAttention {
         }
         let y = Tensor::attention(&q, &k, &v, true, 1.0 / (d as f64).sqrt())?;
         let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;
-        self.out.forward(&y)
+        self.out.forward_plus(&y, residual)
     }
 }
 

@@ -30,6 +30,11 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.linear(&self.weight, self.bias.as_ref())
     }
+
+    /// `forward(x) + residual`, the addition fused into the matmul.
+    pub fn forward_plus(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+        x.linear_fused(&self.weight, self.bias.as_ref(), None, residual)
+    }
 }
 
 impl Module for Linear {
@@ -206,7 +211,8 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `proj(gelu(fc(x))) + residual`, the residual added in the last matmul.
+    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
         let h = if crate::is_grad_enabled() {
             self.fc.forward(x)?.gelu()?
         } else {
@@ -214,9 +220,10 @@ impl Mlp {
                 &self.fc.weight,
                 self.fc.bias.as_ref(),
                 Some(crate::UnaryOp::Gelu),
+                None,
             )?
         };
-        self.proj.forward(&h)
+        self.proj.forward_plus(&h, residual)
     }
 }
 
@@ -243,9 +250,10 @@ pub struct SwiGluMlp {
 }
 
 impl SwiGluMlp {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `down(silu(gate(x)) * up(x)) + residual`, the residual added in the last matmul.
+    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
         let h = Tensor::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
-        self.down.forward(&h)
+        self.down.forward_plus(&h, residual)
     }
 }
 
@@ -272,10 +280,11 @@ pub enum FeedForward {
 }
 
 impl FeedForward {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The MLP of `x`, plus `residual` if given (fused into the last matmul).
+    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
         match self {
-            FeedForward::Gelu(m) => m.forward(x),
-            FeedForward::SwiGlu(m) => m.forward(x),
+            FeedForward::Gelu(m) => m.forward(x, residual),
+            FeedForward::SwiGlu(m) => m.forward(x, residual),
         }
     }
 }

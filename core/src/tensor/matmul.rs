@@ -59,15 +59,17 @@ impl Tensor {
     /// `self @ weight^T + bias` with `weight` stored `[out, in]`, as PyTorch's `Linear`.
     /// Leading dimensions of `self` are flattened into rows when they can be.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-        self.linear_fused(weight, bias, None)
+        self.linear_fused(weight, bias, None, None)
     }
 
-    /// [`Tensor::linear`] with an activation in the matmul's epilogue.
+    /// [`Tensor::linear`] with an activation and then a residual (of the output's shape) added
+    /// in the matmul's epilogue.
     pub fn linear_fused(
         &self,
         weight: &Tensor,
         bias: Option<&Tensor>,
         activation: Option<UnaryOp>,
+        residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         if self.rank() < 1 || weight.rank() != 2 {
             return Err(Error::shape(
@@ -82,9 +84,28 @@ impl Tensor {
         let k = self.shape()[self.rank() - 1];
         let rows = self.numel() / k.max(1);
         let x2 = self.reshape(&[rows, k])?;
-        let y = x2.matmul_fused(&weight.transpose(0, 1)?, bias, activation, None)?;
         let mut shape = self.shape().to_vec();
         *shape.last_mut().expect("rank >= 1") = weight.shape()[0];
+        let residual = match residual {
+            Some(r) if r.shape() != shape.as_slice() => {
+                return Err(Error::shape(
+                    "linear",
+                    format!(
+                        "the residual must have the output's shape {shape:?}; got {:?} {}",
+                        r.shape(),
+                        r.dtype()
+                    ),
+                ))
+            }
+            Some(r) => Some(r.reshape(&[rows, weight.shape()[0]])?),
+            None => None,
+        };
+        let y = x2.matmul_fused(
+            &weight.transpose(0, 1)?,
+            bias,
+            activation,
+            residual.as_ref(),
+        )?;
         y.reshape(&shape)
     }
 }

@@ -2,7 +2,8 @@
 //! with an online softmax; the backward pass computes `delta = rowsum(dout * out)`, then `dq`
 //! per query row and `dk`, `dv` per key row (summing grouped query heads in order), so nothing
 //! races and nothing is T x T. The head-size loops of these kernels are generated here, fully
-//! unrolled over named vec4 registers (see `kernels/attention.wgsl`).
+//! unrolled over named vec4 registers up to head size 128, loops over arrays past it (see
+//! `kernels/attention.wgsl`).
 
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
@@ -61,8 +62,10 @@ pub(crate) fn launch(
             ];
             let backward = matches!(op, Op::AttentionBackward { .. });
             let head = Head::new(core, op, q[3], v[3], backward)?;
+            let (ks, vs) = (&inputs[1].layout.strides, &inputs[2].layout.strides);
             let params = |o: &[usize], p: &mut crate::shader::Params| {
-                p.all(&dims).f(s[0]).all(o);
+                p.all(&dims).f(s[0]);
+                p.u(ks[1]).u(ks[0]).u(vs[1]).u(vs[0]).all(o);
             };
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
@@ -132,6 +135,65 @@ struct Head {
     kvec: usize,
     vvec: usize,
     tile: usize,
+    /// Whether the head-size loops stay loops over arrays instead of being unrolled over
+    /// named registers: head sizes above [`MAX_UNROLLED`], and every head size on CPU drivers,
+    /// which gain nothing from registers and compile unrolled code slowly.
+    looped: bool,
+}
+
+/// The largest head size whose rows are unrolled over named vec4 registers. Past it a
+/// thread's rows (up to three of them) no longer fit in registers anyway, and unrolled code
+/// that large takes minutes to compile on CPU drivers (LLVM, in lavapipe).
+const MAX_UNROLLED: usize = 128;
+
+/// Code over the vec4 chunks `0..n` of a head row: unrolled with `#` as the chunk's index
+/// (`#u` a literal, `name#` a register), or a loop over `c` with `name#` as `name[c]`.
+#[derive(Clone, Copy)]
+struct Chunks {
+    looped: bool,
+}
+
+impl Chunks {
+    /// `template` for every chunk.
+    fn each(self, n: usize, template: &str) -> String {
+        if self.looped {
+            let body = template.replace("#u", "c").replace('#', "[c]");
+            format!("for (var c = 0u; c < {n}u; c++) {{\n{body}}}\n")
+        } else {
+            each(n, template)
+        }
+    }
+
+    /// Registers `name#` set to `value` (which may use `#u`).
+    fn regs(self, n: usize, name: &str, value: &str) -> String {
+        if self.looped {
+            format!("var {name}: array<vec4<f32>, {n}>;\n")
+                + &self.each(n, &format!("{name}# = {value};\n"))
+        } else {
+            each(n, &format!("let {name}# = {value};\n"))
+        }
+    }
+
+    /// Zeroed accumulators `acc#`.
+    fn zeros(self, n: usize) -> String {
+        if self.looped {
+            format!("var acc: array<vec4<f32>, {n}>;\n")
+        } else {
+            each(n, "var acc# = vec4<f32>(0.0);\n")
+        }
+    }
+
+    /// The dot product of registers `reg#` with `tile[base + #]`: statements to run first and
+    /// the expression (looped: a sum named `sum`).
+    fn dot(self, reg: &str, tile: &str, base: &str, n: usize, sum: &str) -> (String, String) {
+        if self.looped {
+            let stmts = format!("var {sum} = 0.0;\n")
+                + &self.each(n, &format!("{sum} += dot({reg}#, {tile}[{base} + #u]);\n"));
+            (stmts, sum.to_string())
+        } else {
+            (String::new(), dot_chain(reg, tile, base, n))
+        }
+    }
 }
 
 impl Head {
@@ -158,6 +220,7 @@ impl Head {
             kvec,
             vvec,
             tile,
+            looped: core.is_cpu() || kdim.max(vdim) > MAX_UNROLLED,
         })
     }
 
@@ -178,31 +241,33 @@ impl Head {
             + &row_loader("k_row", "ld2", "KDIM")
             + &row_loader("v_row", "ld3", "VDIM");
         let four = |f: &dyn Fn(usize) -> String| (0..4).map(f).collect::<String>();
+        let ch = Chunks {
+            looped: self.looped,
+        };
         let (load, zero, scores, rescale, update, store);
         match kernel {
             "forward" => {
                 helpers += &row_storer("out_row", "st4", "VDIM");
                 helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
                 helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
-                load = each(kvec, "let q# = scale * q_row(qb, #u);\n");
-                zero = each(vvec, "var acc# = vec4<f32>(0.0);\n");
+                load = ch.regs(kvec, "q", "scale * q_row(qb, #u)");
+                zero = ch.zeros(vvec);
                 scores = four(&|g| {
-                    format!(
-                        "let s{g} = select(-inf(), {}, j0 + jj + {g}u < lim);\n",
-                        dot_chain("q", "ta", &format!("a0 + {}u", g * kvec), kvec)
-                    )
+                    let base = format!("a0 + {}u", g * kvec);
+                    let (pre, qk) = ch.dot("q", "ta", &base, kvec, &format!("qk{g}"));
+                    format!("{pre}let s{g} = select(-inf(), {qk}, j0 + jj + {g}u < lim);\n")
                 });
-                rescale = each(vvec, "acc# *= alpha;\n");
-                update = accumulate(vvec, "p", "tb", "b0", "VVEC");
-                store = each(vvec, "out_row(o(4u) + row * VDIM, #u, acc# * inv);\n");
+                rescale = ch.each(vvec, "acc# *= alpha;\n");
+                update = accumulate(ch, vvec, "p", "tb", "b0", "VVEC");
+                store = ch.each(vvec, "out_row(o(4u) + row * VDIM, #u, acc# * inv);\n");
             }
             "dq" | "delta_sum" => {
                 helpers += &row_loader("do_row", "ld6", "VDIM");
                 helpers += &row_storer("dq_row", "st7", "KDIM");
                 helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
                 helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
-                load = each(kvec, "let q# = scale * q_row(qb, #u);\n")
-                    + &each(vvec, "let g# = do_row(gb, #u);\n");
+                load = ch.regs(kvec, "q", "scale * q_row(qb, #u)")
+                    + &ch.regs(vvec, "g", "do_row(gb, #u)");
                 // dq weighs k_j by P_ij (dP_ij - delta_i); delta_sum adds up P_ij dP_ij.
                 let weight = if kernel == "dq" {
                     "* ({} - delta)"
@@ -210,20 +275,30 @@ impl Head {
                     "* {}"
                 };
                 scores = four(&|g| {
+                    let (pre_s, qk) = ch.dot(
+                        "q",
+                        "ta",
+                        &format!("a0 + {}u", g * kvec),
+                        kvec,
+                        &format!("qk{g}"),
+                    );
+                    let (pre_p, dp) = ch.dot(
+                        "g",
+                        "tb",
+                        &format!("b0 + {}u", g * vvec),
+                        vvec,
+                        &format!("dp{g}"),
+                    );
                     format!(
-                        "let d{g} = select(0.0, exp({}) {}, j0 + jj + {g}u < lim);\n",
-                        dot_chain("q", "ta", &format!("a0 + {}u", g * kvec), kvec) + " - lse",
-                        weight.replace(
-                            "{}",
-                            &dot_chain("g", "tb", &format!("b0 + {}u", g * vvec), vvec)
-                        )
+                        "{pre_s}{pre_p}let d{g} = select(0.0, exp({qk} - lse) {}, j0 + jj + {g}u < lim);\n",
+                        weight.replace("{}", &dp)
                     )
                 });
                 rescale = String::new();
                 if kernel == "dq" {
-                    zero = each(kvec, "var acc# = vec4<f32>(0.0);\n");
-                    update = accumulate(kvec, "d", "ta", "a0", "KVEC");
-                    store = each(kvec, "dq_row(o(7u) + row * KDIM, #u, acc# * scale);\n");
+                    zero = ch.zeros(kvec);
+                    update = accumulate(ch, kvec, "d", "ta", "a0", "KVEC");
+                    store = ch.each(kvec, "dq_row(o(7u) + row * KDIM, #u, acc# * scale);\n");
                 } else {
                     zero = "var total = 0.0;\n".to_string();
                     update = "total += (d0 + d1) + (d2 + d3);\n".to_string();
@@ -234,42 +309,56 @@ impl Head {
                 helpers += &row_loader("do_row", "ld6", "VDIM");
                 helpers += &tile_filler("fill_a", "ta", "q_row", "KVEC", "KDIM");
                 helpers += &tile_filler("fill_b", "tb", "do_row", "VVEC", "VDIM");
-                load = each(kvec, "let k# = scale * k_row(kb, #u);\n")
+                load = ch.regs(kvec, "k", "scale * k_row(kb, #u)")
                     + &if kernel == "dk" {
-                        each(vvec, "let v# = v_row(vb, #u);\n")
+                        ch.regs(vvec, "v", "v_row(vb, #u)")
                     } else {
                         String::new()
                     };
                 let visible = |g: usize| {
                     format!("ii + {g}u < cnt && i0 + ii + {g}u >= mine && r{g}.x != -inf()")
                 };
-                let score = |g: usize| dot_chain("k", "ta", &format!("a0 + {}u", g * kvec), kvec);
+                let score = |g: usize| {
+                    ch.dot(
+                        "k",
+                        "ta",
+                        &format!("a0 + {}u", g * kvec),
+                        kvec,
+                        &format!("qk{g}"),
+                    )
+                };
                 rescale = String::new();
                 if kernel == "dk" {
                     helpers += &row_storer("dk_row", "st8", "KDIM");
-                    zero = each(kvec, "var acc# = vec4<f32>(0.0);\n");
+                    zero = ch.zeros(kvec);
                     scores = four(&|g| {
+                        let (pre_s, qk) = score(g);
+                        let (pre_p, dp) = ch.dot(
+                            "v",
+                            "tb",
+                            &format!("b0 + {}u", g * vvec),
+                            vvec,
+                            &format!("dp{g}"),
+                        );
                         format!(
-                            "let r{g} = trow[ii + {g}u];\nlet d{g} = select(0.0, exp({} - r{g}.x) * ({} - r{g}.y), {});\n",
-                            score(g),
-                            dot_chain("v", "tb", &format!("b0 + {}u", g * vvec), vvec),
+                            "let r{g} = trow[ii + {g}u];\n{pre_s}{pre_p}let d{g} = select(0.0, exp({qk} - r{g}.x) * ({dp} - r{g}.y), {});\n",
                             visible(g)
                         )
                     });
-                    update = accumulate(kvec, "d", "ta", "a0", "KVEC");
-                    store = each(kvec, "dk_row(o(8u) + kr * KDIM, #u, acc# * scale);\n");
+                    update = accumulate(ch, kvec, "d", "ta", "a0", "KVEC");
+                    store = ch.each(kvec, "dk_row(o(8u) + kr * KDIM, #u, acc# * scale);\n");
                 } else {
                     helpers += &row_storer("dv_row", "st9", "VDIM");
-                    zero = each(vvec, "var acc# = vec4<f32>(0.0);\n");
+                    zero = ch.zeros(vvec);
                     scores = four(&|g| {
+                        let (pre_s, qk) = score(g);
                         format!(
-                            "let r{g} = trow[ii + {g}u];\nlet d{g} = select(0.0, exp({} - r{g}.x), {});\n",
-                            score(g),
+                            "let r{g} = trow[ii + {g}u];\n{pre_s}let d{g} = select(0.0, exp({qk} - r{g}.x), {});\n",
                             visible(g)
                         )
                     });
-                    update = accumulate(vvec, "d", "tb", "b0", "VVEC");
-                    store = each(vvec, "dv_row(o(9u) + kr * VDIM, #u, acc#);\n");
+                    update = accumulate(ch, vvec, "d", "tb", "b0", "VVEC");
+                    store = ch.each(vvec, "dv_row(o(9u) + kr * VDIM, #u, acc#);\n");
                 }
             }
             _ => {
@@ -320,7 +409,7 @@ fn dot_chain(reg: &str, tile: &str, base: &str, n: usize) -> String {
 }
 
 /// `acc# += w0 * tile[...] + ... + w3 * tile[...]` over the four rows met at once.
-fn accumulate(n: usize, weight: &str, tile: &str, base: &str, width: &str) -> String {
+fn accumulate(ch: Chunks, n: usize, weight: &str, tile: &str, base: &str, width: &str) -> String {
     let rows: Vec<String> = (0..4)
         .map(|g| {
             let at = if g == 0 {
@@ -331,7 +420,7 @@ fn accumulate(n: usize, weight: &str, tile: &str, base: &str, width: &str) -> St
             format!("{weight}{g} * {tile}[{base} + {at} + #u]")
         })
         .collect();
-    each(n, &format!("acc# += {};\n", rows.join(" + ")))
+    ch.each(n, &format!("acc# += {};\n", rows.join(" + ")))
 }
 
 /// `fn name(base, c) -> vec4<f32>`: elements `4c..4c + 3` of a row at `base`, zeros past `dim`.

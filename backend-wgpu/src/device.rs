@@ -137,6 +137,9 @@ pub(crate) struct Core {
     workgroup_memory: usize,
     /// Whether f16 matmuls may run on cooperative matrices (see [`tensor_cores`]).
     coop_f16: bool,
+    /// Whether the adapter is a CPU driver (lavapipe): it compiles every kernel with LLVM at
+    /// first use, so kernels prefer loops to unrolled code there.
+    cpu: bool,
     /// Whether the adapter writes timestamps in compute passes (for profiling).
     timestamps: bool,
     pool: SharedPool,
@@ -406,6 +409,11 @@ impl Core {
     /// Whether f16 matmuls run on cooperative matrices.
     pub(crate) fn coop_f16(&self) -> bool {
         self.coop_f16
+    }
+
+    /// Whether the adapter is a CPU driver.
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.cpu
     }
 
     /// Bytes of workgroup memory a kernel may use.
@@ -791,6 +799,7 @@ impl WgpuDevice {
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
             workgroup_memory: limits.max_compute_workgroup_storage_size as usize,
             coop_f16,
+            cpu: ainfo.device_type == wgpu::DeviceType::Cpu,
             timestamps,
             device,
             queue,

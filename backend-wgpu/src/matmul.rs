@@ -16,25 +16,36 @@ const SRC: &str = include_str!("kernels/matmul.wgsl");
 /// the few-rows kernel: decoding's matrix-vector products.
 const MAX_FEW_ROWS: usize = 8;
 
-/// The per-row code of the few-rows kernel for `m` rows.
-fn few_rows_code(m: usize) -> Vec<(&'static str, String)> {
+/// Threads per output column of the few-rows kernel: more for narrower matrices, so that a
+/// matrix-vector product still spreads over enough workgroups to keep memory busy.
+fn few_rows_lanes(n: usize) -> usize {
+    match n {
+        0..1024 => 128,
+        1024..2048 => 64,
+        _ => 32,
+    }
+}
+
+/// The per-row code of the few-rows kernel for `m` rows and `lanes` threads per column.
+fn few_rows_code(m: usize, lanes: usize) -> Vec<(&'static str, String)> {
     let each = |t: &str| {
         (0..m)
             .map(|r| t.replace('#', &r.to_string()))
             .collect::<String>()
     };
     let a = |k: &str| format!("ld1(a_base + #u * sam + ({k}) * sak)");
-    let mac4 = "let w0 = ld2(bn + kk * sbk);\nlet w1 = ld2(bn + (kk + 32u) * sbk);\n\
-                let w2 = ld2(bn + (kk + 64u) * sbk);\nlet w3 = ld2(bn + (kk + 96u) * sbk);\n"
+    let mac4 = "let w0 = ld2(bn + kk * sbk);\nlet w1 = ld2(bn + (kk + LANES) * sbk);\n\
+                let w2 = ld2(bn + (kk + 2u * LANES) * sbk);\nlet w3 = ld2(bn + (kk + 3u * LANES) * sbk);\n"
         .to_string()
         + &each(&format!(
             "acc# += {} * w0 + {} * w1 + {} * w2 + {} * w3;\n",
             a("kk"),
-            a("kk + 32u"),
-            a("kk + 64u"),
-            a("kk + 96u")
+            a("kk + LANES"),
+            a("kk + 2u * LANES"),
+            a("kk + 3u * LANES")
         ));
     vec![
+        ("LANES_U", format!("{lanes}u")),
         ("PARTS", (m.max(1) * 256).to_string()),
         ("ZERO", each("var acc# = 0.0;\n")),
         ("MAC4", mac4),
@@ -129,9 +140,10 @@ pub(crate) fn launch(
     let few_rows = m <= MAX_FEW_ROWS && b_at == "along_k";
     let tensor_cores = core.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
     let (section, variant, grid) = if few_rows {
-        subst.extend(few_rows_code(m));
-        let grid = [core.dim(n.div_ceil(8)), 1, core.dim(batch)];
-        ("rows", format!("rows{m}"), grid)
+        let lanes = few_rows_lanes(n);
+        subst.extend(few_rows_code(m, lanes));
+        let grid = [core.dim(n.div_ceil(256 / lanes)), 1, core.dim(batch)];
+        ("rows", format!("rows{m}x{lanes}"), grid)
     } else {
         let grid = [
             core.dim(n.div_ceil(128)),

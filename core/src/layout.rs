@@ -109,6 +109,18 @@ impl Layout {
         true
     }
 
+    /// Whether the last two dims are laid out row-major (rows contiguous and one after
+    /// another) while the outer dims may have any strides: a view of fewer rows of a larger
+    /// row-major tensor, such as a KV cache with room for more positions.
+    pub fn rows_contiguous(&self) -> bool {
+        let r = self.shape.len();
+        if r < 2 || self.numel() == 0 {
+            return self.is_contiguous();
+        }
+        let (rows, width) = (self.shape[r - 2], self.shape[r - 1]);
+        (width == 1 || self.strides[r - 1] == 1) && (rows == 1 || self.strides[r - 2] == width)
+    }
+
     /// One past the largest element index this layout touches (0 when empty).
     pub fn extent(&self) -> usize {
         if self.numel() == 0 {

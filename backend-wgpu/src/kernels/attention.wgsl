@@ -5,13 +5,15 @@
 // the head dimension are unrolled and nothing is indexed dynamically. Rows meet the streamed
 // side four at a time.
 // Parameters: p[0] B, p[1] Hq, p[2] Hkv, p[3] Tq, p[4] Tk, p[5] D, p[6] Dv, p[7] causal,
-// p[8] scale, then binding offsets from p[9].
+// p[8] scale, p[9] / p[10] the head / batch stride of k, p[11] / p[12] those of v (rows are
+// contiguous, heads may lie further apart: a view of a KV cache), then binding offsets from
+// p[13].
 // Backward bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 dout, 7 dq, 8 dk, 9 dv, 10 delta (scratch,
 // one per query row: sum(dout * out)).
 
 CONSTS
 
-fn o(k: u32) -> u32 { return p[8u + k]; }
+fn o(k: u32) -> u32 { return p[12u + k]; }
 
 // The streamed tiles: keys and values (forward, dq) or queries and output gradients (dk, dv).
 var<workgroup> ta: array<vec4<f32>, AWORDS>;
@@ -24,12 +26,12 @@ fn visible(i: u32) -> u32 {
     return min(p[4], i + p[4] + 1u - p[3]);
 }
 
-// Key/value row base (in rows of keys) of the (batch, query head) pair `bh`.
-fn kv_rows(bh: u32) -> u32 {
-    let b = bh / p[1];
-    let h = bh % p[1];
-    return (b * p[2] + h / (p[1] / p[2])) * p[4];
-}
+// Element offsets of the first key and value rows of batch `b`, key/value head `g`, and of
+// the (batch, query head) pair `bh`.
+fn k_at(b: u32, g: u32) -> u32 { return o(2u) + b * p[10] + g * p[9]; }
+fn v_at(b: u32, g: u32) -> u32 { return o(3u) + b * p[12] + g * p[11]; }
+fn k_base(bh: u32) -> u32 { return k_at(bh / p[1], (bh % p[1]) / (p[1] / p[2])); }
+fn v_base(bh: u32) -> u32 { return v_at(bh / p[1], (bh % p[1]) / (p[1] / p[2])); }
 
 HELPERS
 
@@ -49,7 +51,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let row = bh * tq + min(i, tq - 1u);
         let lim = select(0u, visible(i), live);
         let span = visible(min(i0 + ROWS, tq) - 1u);
-        let kr = kv_rows(bh);
+        let kb = k_base(bh);
+        let vb = v_base(bh);
         let qb = o(1u) + row * KDIM;
         LOAD_REGS
         ZERO_ACC
@@ -58,8 +61,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var j0 = 0u; j0 < span; j0 += TILE) {
             let cnt = min(TILE, span - j0);
             workgroupBarrier();
-            fill_a(o(2u) + (kr + j0) * KDIM, cnt, lid);
-            fill_b(o(3u) + (kr + j0) * VDIM, cnt, lid);
+            fill_a(kb + j0 * KDIM, cnt, lid);
+            fill_b(vb + j0 * VDIM, cnt, lid);
             workgroupBarrier();
             for (var jj = 0u; jj < cnt && j0 + jj < lim; jj += 4u) {
                 let a0 = jj * KVEC;
@@ -110,7 +113,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let i = row % p[3];
         let lim = visible(i);
         let qb = o(1u) + row * dk;
-        let kr = kv_rows(row / p[3]);
+        let kb = k_base(row / p[3]);
+        let vb = v_base(row / p[3]);
         let ob = o(4u) + row * dv;
         for (var d = lid; d < dv; d += WG) { st4(ob + d, 0.0); }
         var m = -inf();
@@ -118,7 +122,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var j0 = 0u; j0 < lim; j0 += WG) {
             let j = j0 + lid;
             var s = -inf();
-            if (j < lim) { s = scale * dot_qk(qb, o(2u) + (kr + j) * dk); }
+            if (j < lim) { s = scale * dot_qk(qb, kb + j * dk); }
             let m_new = max(m, wg_max(s, lid));
             let alpha = select(exp(m - m_new), 1.0, m_new == -inf());
             let pj = select(exp(s - m_new), 0.0, s == -inf());
@@ -132,7 +136,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let quarter = lid / 64u;
             for (var d = lid % 64u; d < dv; d += 64u) {
                 var part = 0.0;
-                for (var jj = quarter; jj < cnt; jj += 4u) { part += pb[jj] * ld3(o(3u) + (kr + j0 + jj) * dv + d); }
+                for (var jj = quarter; jj < cnt; jj += 4u) { part += pb[jj] * ld3(vb + (j0 + jj) * dv + d); }
                 parts[quarter * 256u + d] = part;
             }
             workgroupBarrier();
@@ -181,7 +185,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let live = i < tq;
         let lim = select(0u, visible(i), live && lse != -inf());
         let span = visible(min(i0 + ROWS, tq) - 1u);
-        let kr = kv_rows(bh);
+        let kb = k_base(bh);
+        let vb = v_base(bh);
         let qb = o(1u) + row * KDIM;
         let gb = o(6u) + row * VDIM;
         LOAD_REGS
@@ -189,8 +194,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var j0 = 0u; j0 < span; j0 += TILE) {
             let cnt = min(TILE, span - j0);
             workgroupBarrier();
-            fill_a(o(2u) + (kr + j0) * KDIM, cnt, lid);
-            fill_b(o(3u) + (kr + j0) * VDIM, cnt, lid);
+            fill_a(kb + j0 * KDIM, cnt, lid);
+            fill_b(vb + j0 * VDIM, cnt, lid);
             workgroupBarrier();
             for (var jj = 0u; jj < cnt && j0 + jj < lim; jj += 4u) {
                 let a0 = jj * KVEC;
@@ -241,8 +246,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (causal && j0 + tq > tk) { first = j0 + tq - tk; }
         var mine = 0u;
         if (causal && j + tq > tk) { mine = j + tq - tk; }
-        let kb = o(2u) + kr * KDIM;
-        let vb = o(3u) + kr * VDIM;
+        let kb = k_at(b, g) + min(j, tk - 1u) * KDIM;
+        let vb = v_at(b, g) + min(j, tk - 1u) * VDIM;
         LOAD_REGS
         ZERO_ACC
         for (var hh = 0u; hh < group; hh++) {

@@ -231,10 +231,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 // @kernel rows
 // Few rows (M <= 8, as in decoding) with `b` contiguous in k: the tiled kernel would leave
-// most of the GPU idle. A workgroup takes 8 output columns, 32 threads each; the threads of a
-// column split K (consecutive threads read consecutive k of b, four k per thread at a time),
-// and their partial sums meet in a fixed order in workgroup memory, so results are
+// most of the GPU idle. A workgroup takes 256 / LANES output columns, LANES threads each (more
+// threads per column for narrower matrices, so that enough loads are in flight); the threads
+// of a column split K (consecutive threads read consecutive k of b, four k per thread at a
+// time), and their partial sums meet in a fixed order in workgroup memory, so results are
 // deterministic. The upper-case parts are generated for M rows (matmul.rs).
+const LANES: u32 = LANES_U;
+const COLS: u32 = 256u / LANES;
 var<workgroup> part: array<f32, PARTS>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -247,31 +250,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let sak = p[7];
     let sbk = p[9];
     let sbn = p[10];
-    let lane = lid % 32u;
-    let col = lid / 32u;
+    let lane = lid % LANES;
+    let col = lid / LANES;
     for (var z = wid.z; z < batch; z += nwg.z) {
         let a_base = p[5] + strided(z, br, 17u, 17u + br);
         let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
         let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
         let o_base = p[16] + z * m * n;
-        for (var n0 = wid.x * 8u; n0 < n; n0 += nwg.x * 8u) {
+        for (var n0 = wid.x * COLS; n0 < n; n0 += nwg.x * COLS) {
             let gn = n0 + col;
             let bn = b_base + min(gn, n - 1u) * sbn;
             ZERO
             if (gn < n) {
                 var kk = lane;
-                for (; kk + 96u < k; kk += 128u) {
+                for (; kk + 3u * LANES < k; kk += 4u * LANES) {
                     MAC4
                 }
-                for (; kk < k; kk += 32u) {
+                for (; kk < k; kk += LANES) {
                     MAC1
                 }
             }
             SAVE
             workgroupBarrier();
+            // Each column's first 32 threads fold the column's LANES partial sums to 32, then
+            // one thread per row adds those 32.
+            if (lane < 32u) {
+                for (var r = 0u; r < m; r++) {
+                    let at = r * 256u + col * LANES + lane;
+                    var s = part[at];
+                    for (var j = 32u; j < LANES; j += 32u) { s += part[at + j]; }
+                    part[at] = s;
+                }
+            }
+            workgroupBarrier();
             if (lane < m) {
                 var s = 0.0;
-                for (var j = 0u; j < 32u; j++) { s += part[lane * 256u + col * 32u + j]; }
+                for (var j = 0u; j < 32u; j++) { s += part[lane * 256u + col * LANES + j]; }
                 put(m, n, lane, gn, r_base, o_base, s);
             }
             workgroupBarrier();

@@ -11,6 +11,12 @@ fn in_at(o: u32, r: u32) -> u32 {
 
 var<workgroup> idx: array<u32, 256>;
 
+// Where the reduced elements of output `o` start and how far apart they lie, when they form
+// one run (one reduced dim): element r is at `base + r * stride`. The loops over them read
+// four elements per step, issued together, so the loads' latency overlaps (a lone workgroup
+// reducing a long row, as argmax over a vocabulary when decoding, waits on memory otherwise).
+fn run_stride() -> u32 { return p[6u + 2u * p[2] + 1u]; }
+
 // Whether (v2, i2) beats (v1, i1) for argmax: larger, NaN largest, first index on ties.
 fn better(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
     let n1 = is_nan(v1);
@@ -29,7 +35,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nred = p[1];
     for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
         var acc = INIT;
-        for (var r = lid; r < nred; r += WG) {
+        var r = lid;
+        if (p[3] == 1u) {
+            let base = in_at(o, 0u);
+            let rs = run_stride();
+            for (; r + 3u * WG < nred; r += 4u * WG) {
+                let x0 = ld1(base + r * rs);
+                let x1 = ld1(base + (r + WG) * rs);
+                let x2 = ld1(base + (r + 2u * WG) * rs);
+                let x3 = ld1(base + (r + 3u * WG) * rs);
+                { let a = acc; let b = x0; acc = COMBINE; }
+                { let a = acc; let b = x1; acc = COMBINE; }
+                { let a = acc; let b = x2; acc = COMBINE; }
+                { let a = acc; let b = x3; acc = COMBINE; }
+            }
+        }
+        for (; r < nred; r += WG) {
             let a = acc;
             let b = ld1(in_at(o, r));
             acc = COMBINE;
@@ -78,7 +99,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
         var bv = ld1(in_at(o, 0u));
         var bi = 0u;
-        for (var r = lid; r < nred; r += WG) {
+        var r = lid;
+        if (p[3] == 1u) {
+            let base = in_at(o, 0u);
+            let rs = run_stride();
+            for (; r + 3u * WG < nred; r += 4u * WG) {
+                let x0 = ld1(base + r * rs);
+                let x1 = ld1(base + (r + WG) * rs);
+                let x2 = ld1(base + (r + 2u * WG) * rs);
+                let x3 = ld1(base + (r + 3u * WG) * rs);
+                if (better(bv, bi, x0, r)) { bv = x0; bi = r; }
+                if (better(bv, bi, x1, r + WG)) { bv = x1; bi = r + WG; }
+                if (better(bv, bi, x2, r + 2u * WG)) { bv = x2; bi = r + 2u * WG; }
+                if (better(bv, bi, x3, r + 3u * WG)) { bv = x3; bi = r + 3u * WG; }
+            }
+        }
+        for (; r < nred; r += WG) {
             let v = ld1(in_at(o, r));
             if (better(bv, bi, v, r)) { bv = v; bi = r; }
         }

@@ -1,9 +1,10 @@
 //! Rotary and attention samples: sequences beyond 512, head dims 64/80/128/256, grouped-query
-//! heads, KV-cache offsets (Tq < Tk), rows with no visible key.
+//! heads, KV-cache offsets (Tq < Tk) and keys and values read from a cache's buffer, rows with
+//! no visible key.
 
 use tessera::Op;
 
-use super::{input, stats, uniform, Gen, Input, Sample};
+use super::{input, stats, uniform, Gen, Input, Sample, View};
 
 pub(super) fn rotary() -> Vec<Sample> {
     let case = |x: &[usize]| {
@@ -124,6 +125,26 @@ pub(super) fn forward() -> Vec<Sample> {
     };
     let mut out: Vec<Sample> = PROBLEMS.iter().map(case).collect();
     out.extend(SMALL.iter().map(|pr| case(pr).gradcheck()));
+    // Keys and values read in place from a KV cache with room for more positions: a decoding
+    // step, a short continuation and a long one.
+    for (pr, room) in [
+        p(true, [1, 4, 2, 1, 40, 64, 64]),
+        p(true, [2, 4, 2, 9, 30, 32, 48]),
+        p(true, [1, 2, 2, 70, 100, 64, 64]),
+    ]
+    .iter()
+    .zip([24, 5, 28])
+    {
+        let mut inputs = pr.qkv();
+        for kv in &mut inputs[1..] {
+            *kv = kv.clone().view(View::Capacity(room));
+        }
+        out.push(
+            Sample::new(Op::Attention { causal: pr.causal }, pr.describe(), inputs)
+                .scalars(&[pr.scale()])
+                .reduce(pr.reduction()),
+        );
+    }
     out
 }
 

@@ -91,8 +91,11 @@ pub(super) fn samples() -> Vec<Sample> {
         plain(&[4, 0], &[0, 5], c(), c()),
         fused(&[4, 0], &[0, 5], c(), true, Some(UnaryOp::Gelu), true),
         // Few rows with b contiguous in k (a linear weight, as in decoding): K past four
-        // rounds of 128 with a remainder, batches, up to the eight-row limit and one past it.
+        // rounds of the threads per column with a remainder, for each width class (128, 64
+        // and 32 threads per column), batches, up to the eight-row limit and one past it.
         plain(&[1, 1030], &[1030, 300], c(), View::Permuted(vec![1, 0])),
+        plain(&[2, 520], &[520, 1100], c(), View::Permuted(vec![1, 0])),
+        plain(&[1, 300], &[300, 2100], c(), View::Permuted(vec![1, 0])),
         plain(
             &[8, 70],
             &[70, 9],

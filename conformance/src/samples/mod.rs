@@ -82,6 +82,9 @@ pub enum View {
     Padded(usize),
     /// Stored with this shape and broadcast to the input's shape with stride-0 dims.
     Broadcast(Vec<usize>),
+    /// The first rows of a buffer with this many more rows (second-to-last dim), as a KV
+    /// cache with room for more positions: rows contiguous, outer dims further apart.
+    Capacity(usize),
 }
 
 impl View {
@@ -103,6 +106,12 @@ impl View {
                 storage[last] += extra;
                 Layout::contiguous(&storage).narrow(last, 1.min(*extra), shape[last])
             }
+            View::Capacity(extra) => {
+                let rows = shape.len() - 2;
+                let mut storage = shape.to_vec();
+                storage[rows] += extra;
+                Layout::contiguous(&storage).narrow(rows, 0, shape[rows])
+            }
             View::Broadcast(src) => Layout::contiguous(src)
                 .broadcast_to(shape)
                 .unwrap_or_else(|| panic!("sample bug: {src:?} does not broadcast to {shape:?}")),
@@ -117,6 +126,7 @@ impl View {
             View::Permuted(p) => format!(" permuted {p:?}"),
             View::Padded(e) => format!(" padded +{e}"),
             View::Broadcast(s) => format!(" broadcast from {s:?}"),
+            View::Capacity(e) => format!(" room for {e} more rows"),
         }
     }
 }

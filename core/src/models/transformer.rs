@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use super::{Family, TransformerConfig};
 use crate::nn::{
-    join, CausalSelfAttention, Embedding, FeedForward, KvCache, LayerNorm, Linear, Mlp, Module,
-    Norm, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
+    join, CausalSelfAttention, Embedding, FeedForward, KvCache, LayerCache, LayerNorm, Linear, Mlp,
+    Module, Norm, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -36,7 +36,7 @@ impl Block {
         &self,
         x: &Tensor,
         start: usize,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<&mut Option<LayerCache>>,
     ) -> Result<Tensor> {
         let x = self
             .attn

@@ -63,10 +63,10 @@ impl Rotary {
     }
 }
 
-/// Cached keys and values of every layer, `[B, Hkv, T, D]` each, for incremental decoding.
+/// Cached keys and values of every layer, for incremental decoding.
 #[derive(Default)]
 pub struct KvCache {
-    pub layers: Vec<Option<(Tensor, Tensor)>>,
+    pub layers: Vec<Option<LayerCache>>,
 }
 
 impl KvCache {
@@ -81,11 +81,63 @@ impl KvCache {
         self.layers
             .first()
             .and_then(|l| l.as_ref())
-            .map_or(0, |(k, _)| k.shape()[2])
+            .map_or(0, |c| c.len)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// One layer's keys and values: buffers `[B, Hkv, capacity, D]` whose first `len` positions
+/// are filled. New positions are written in place and attention reads views of the filled
+/// part (it reads keys and values with heads further apart than their rows), so a decoding
+/// step writes one row per head instead of copying the whole cache; a full buffer grows to
+/// twice its capacity, copied once.
+pub struct LayerCache {
+    k: Tensor,
+    v: Tensor,
+    len: usize,
+}
+
+/// The smallest capacity a cache starts with, in positions.
+const MIN_CAPACITY: usize = 64;
+
+impl LayerCache {
+    /// Appends `k` and `v` (`[B, Hkv, T, D]`) to the cache in `slot`, creating or growing it
+    /// as needed, and returns views of every cached position.
+    fn append(slot: &mut Option<LayerCache>, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.shape()[2];
+        let len = slot.as_ref().map_or(0, |c| c.len);
+        let capacity = slot.as_ref().map_or(0, |c| c.k.shape()[2]);
+        if len + t > capacity {
+            let capacity = (len + t).max(2 * capacity).max(MIN_CAPACITY);
+            let grown = |x: &Tensor, old: Option<&Tensor>| -> Result<Tensor> {
+                let mut shape = x.shape().to_vec();
+                shape[2] = capacity;
+                let buf = Tensor::zeros(&shape, x.dtype(), x.device())?;
+                if let Some(old) = old {
+                    buf.narrow(2, 0, len)?.copy_from(&old.narrow(2, 0, len)?)?;
+                }
+                Ok(buf)
+            };
+            let old = slot.take();
+            *slot = Some(LayerCache {
+                k: grown(k, old.as_ref().map(|c| &c.k))?,
+                v: grown(v, old.as_ref().map(|c| &c.v))?,
+                len,
+            });
+        }
+        let cache = slot
+            .as_mut()
+            .ok_or_else(|| crate::Error::invalid("kv_cache", "no cache after growing it"))?;
+        cache.k.narrow(2, len, t)?.copy_from(k)?;
+        cache.v.narrow(2, len, t)?.copy_from(v)?;
+        cache.len = len + t;
+        Ok((
+            cache.k.narrow(2, 0, len + t)?,
+            cache.v.narrow(2, 0, len + t)?,
+        ))
     }
 }
 
@@ -116,7 +168,7 @@ impl CausalSelfAttention {
         &self,
         x: &Tensor,
         start: usize,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<&mut Option<LayerCache>>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let &[b, t, _] = x.shape() else {
@@ -146,11 +198,7 @@ impl CausalSelfAttention {
             k = rot.apply(&k, start)?;
         }
         if let Some(slot) = cache {
-            if let Some((pk, pv)) = slot.as_ref() {
-                k = Tensor::cat(&[pk, &k], 2)?;
-                v = Tensor::cat(&[pv, &v], 2)?;
-            }
-            *slot = Some((k.clone(), v.clone()));
+            (k, v) = LayerCache::append(slot, &k, &v)?;
         }
         let y = Tensor::attention(&q, &k, &v, true, 1.0 / (d as f64).sqrt())?;
         let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;

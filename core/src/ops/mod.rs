@@ -342,6 +342,18 @@ impl Op {
         )
     }
 
+    /// Whether the op reads input `input` in place with `layout`; other inputs are made
+    /// row-major first. Ops that read strided views read any layout; attention also reads
+    /// keys and values whose rows are contiguous but whose heads lie further apart (views of a
+    /// KV cache with room for more positions), so decoding never copies its cache.
+    pub fn reads_layout(&self, input: usize, layout: &crate::Layout) -> bool {
+        self.reads_strided()
+            || layout.is_contiguous()
+            || (matches!(self, Op::Attention { .. })
+                && matches!(input, 1 | 2)
+                && layout.rows_contiguous())
+    }
+
     /// Whether outputs may alias the matching inputs (optimizer updates).
     pub fn updates_in_place(&self) -> bool {
         matches!(self, Op::AdamUpdate { .. } | Op::SgdUpdate { .. })
@@ -599,13 +611,15 @@ pub fn validate_launch(
             }
         }
     }
-    if !op.reads_strided() {
-        if let Some(i) = inputs.iter().position(|t| !t.layout.is_contiguous()) {
-            return Err(Error::invalid(
-                &name,
-                format!("input {i} must be row-major; got {:?}", inputs[i].layout),
-            ));
-        }
+    let unread = inputs
+        .iter()
+        .enumerate()
+        .position(|(i, t)| !op.reads_layout(i, t.layout));
+    if let Some(i) = unread {
+        return Err(Error::invalid(
+            &name,
+            format!("input {i} must be row-major; got {:?}", inputs[i].layout),
+        ));
     }
     if !matches!(op, Op::Copy) {
         if let Some(i) = outputs.iter().position(|t| !t.layout.is_contiguous()) {

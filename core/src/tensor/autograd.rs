@@ -502,14 +502,13 @@ impl Tensor {
     /// Zeros of `shape` with this tensor written at `start` along `axis` (narrow's gradient).
     pub(super) fn pad_into(&self, shape: &[usize], axis: usize, start: usize) -> Result<Tensor> {
         let out = Tensor::zeros(shape, self.dtype(), self.device())?;
-        let region = out.layout().narrow(axis, start, self.shape()[axis]);
-        let kernel = self.device().kernel(&Op::Copy, &[self.dtype()])?;
-        let dst = crate::TensorRef {
-            buffer: out.buffer(),
-            layout: &region,
-            dtype: self.dtype(),
-        };
-        kernel.launch(&[self.as_ref()], &[dst], &[])?;
+        let region = Tensor::from_parts(
+            out.buffer().clone(),
+            out.layout().narrow(axis, start, self.shape()[axis]),
+            self.dtype(),
+            self.device().clone(),
+        );
+        Tensor::apply_in_view(&Op::Copy, self, &region)?;
         Ok(out)
     }
 

@@ -388,16 +388,18 @@ impl Tensor {
                 });
             }
         }
-        let owned: Vec<Tensor>;
-        let inputs: Vec<&Tensor> = if op.reads_strided() {
-            inputs.to_vec()
-        } else {
-            owned = inputs
-                .iter()
-                .map(|t| t.contiguous())
-                .collect::<Result<_>>()?;
-            owned.iter().collect()
-        };
+        let owned: Vec<Tensor> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if op.reads_layout(i, t.layout()) {
+                    Ok((*t).clone())
+                } else {
+                    t.contiguous()
+                }
+            })
+            .collect::<Result<_>>()?;
+        let inputs: Vec<&Tensor> = owned.iter().collect();
         let specs: Vec<TensorSpec> = inputs
             .iter()
             .map(|t| TensorSpec::new(t.shape(), t.dtype()))
@@ -462,6 +464,55 @@ impl Tensor {
         let in_refs: Vec<TensorRef<'_>> = inputs.iter().map(|t| t.as_ref()).collect();
         let out_refs: Vec<TensorRef<'_>> = outputs.iter().map(|t| t.as_ref()).collect();
         kernel.launch(&in_refs, &out_refs, scalars)
+    }
+
+    /// Writes `src` into this tensor's elements in place, as PyTorch's `copy_`: this tensor
+    /// may be a view (a narrowed slice of a larger buffer, say), and every tensor sharing the
+    /// buffer sees the write. Not recorded: it fails on tensors that track gradients.
+    pub fn copy_from(&self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() || src.dtype() != self.dtype() {
+            return Err(Error::shape(
+                "copy_from",
+                format!(
+                    "the source must match the destination {:?} {}; got {:?} {}",
+                    self.shape(),
+                    self.dtype(),
+                    src.shape(),
+                    src.dtype()
+                ),
+            ));
+        }
+        if self.tracks_grad() || (is_grad_enabled() && src.tracks_grad()) {
+            return Err(Error::invalid(
+                "copy_from",
+                "in-place writes are not recorded; use them on tensors without gradients",
+            ));
+        }
+        let overlapping = self
+            .shape()
+            .iter()
+            .zip(&self.layout().strides)
+            .any(|(&n, &stride)| n > 1 && stride == 0);
+        if overlapping {
+            return Err(Error::invalid(
+                "copy_from",
+                format!("the destination {:?} repeats elements", self.layout()),
+            ));
+        }
+        Tensor::apply_in_view(&Op::Copy, src, self)
+    }
+
+    /// Runs a one-input op writing into `dst`, a view of an existing buffer. Never recorded.
+    fn apply_in_view(op: &Op, src: &Tensor, dst: &Tensor) -> Result<()> {
+        if !same_device(src.device(), dst.device()) {
+            return Err(Error::DeviceMismatch {
+                op: op.name(),
+                first: dst.device().info().id(),
+                second: src.device().info().id(),
+            });
+        }
+        let kernel = dst.device().kernel(op, &[src.dtype()])?;
+        kernel.launch(&[src.as_ref()], &[dst.as_ref()], &[])
     }
 
     // ---- views --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 //! Rotary embeddings and flash-style attention. The forward pass runs a thread per query row
-//! with an online softmax; the backward pass computes `delta = rowsum(dout * out)`, then `dq`
+//! with an online softmax (for a few rows, as in decoding, workgroups over key splits joined
+//! in order afterwards); the backward pass computes `delta = rowsum(dout * out)`, then `dq`
 //! per query row and `dk`, `dv` per key row (summing grouped query heads in order), so nothing
 //! races and nothing is T x T. The head-size loops of these kernels are generated here, fully
 //! unrolled over named vec4 registers up to head size 128, loops over arrays past it (see
@@ -63,9 +64,11 @@ pub(crate) fn launch(
             let backward = matches!(op, Op::AttentionBackward { .. });
             let head = Head::new(core, op, q[3], v[3], backward)?;
             let (ks, vs) = (&inputs[1].layout.strides, &inputs[2].layout.strides);
+            let rows = q[0] * q[1] * q[2];
+            let (splits, chunk) = key_splits(rows, kk[2]);
             let params = |o: &[usize], p: &mut crate::shader::Params| {
                 p.all(&dims).f(s[0]);
-                p.u(ks[1]).u(ks[0]).u(vs[1]).u(vs[0]).all(o);
+                p.u(ks[1]).u(ks[0]).u(vs[1]).u(vs[0]).u(splits).u(chunk).all(o);
             };
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
@@ -83,13 +86,25 @@ pub(crate) fn launch(
                     params,
                 )
             };
-            let rows = q[0] * q[1] * q[2];
             if !backward {
                 // Fewer query rows than one workgroup of the row kernel has threads (decoding):
-                // a workgroup per row spreads its keys over threads instead. Its output is its
-                // running sum, so it serves f32 outputs only, and value rows up to 256 wide.
-                if rows < ROWS && outputs[0].dtype == DType::F32 && v[3] <= 256 {
-                    return launch("forward_rows", outputs, rows as u64);
+                // workgroups over (row, key split) spread the keys over threads instead, for
+                // head sizes up to 256 (a thread per output element).
+                if rows < ROWS && q[3] <= 256 && v[3] <= 256 {
+                    let words = rows * splits * (v[3] + 2);
+                    let partials = core.scratch(4 * words)?;
+                    let layout = Layout::contiguous(&[words]);
+                    let mut outs = outputs.to_vec();
+                    outs.push(TensorRef {
+                        buffer: &partials,
+                        layout: &layout,
+                        dtype: DType::F32,
+                    });
+                    launch("forward_rows", &outs, (rows * splits) as u64)?;
+                    if splits > 1 {
+                        launch("forward_combine", &outs, rows as u64)?;
+                    }
+                    return Ok(());
                 }
                 return launch("forward", outputs, query_blocks);
             }
@@ -116,6 +131,15 @@ pub(crate) fn launch(
         }
         _ => Err(unsupported(op)),
     }
+}
+
+/// How forward_rows splits `keys` keys for `rows` query rows: (splits, keys per split), at
+/// least 64 keys per split and about 256 workgroups in all, so that a decoding step with a
+/// few heads still fills the GPU.
+fn key_splits(rows: usize, keys: usize) -> (usize, usize) {
+    let per_row = (256 / rows.max(1)).max(1);
+    let chunk = keys.div_ceil(per_row).max(64);
+    (keys.div_ceil(chunk).max(1), chunk)
 }
 
 /// The WGSL section a generated kernel comes from (dk and dv share one; delta_sum runs the dq

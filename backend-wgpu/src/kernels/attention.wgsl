@@ -6,14 +6,14 @@
 // side four at a time.
 // Parameters: p[0] B, p[1] Hq, p[2] Hkv, p[3] Tq, p[4] Tk, p[5] D, p[6] Dv, p[7] causal,
 // p[8] scale, p[9] / p[10] the head / batch stride of k, p[11] / p[12] those of v (rows are
-// contiguous, heads may lie further apart: a view of a KV cache), then binding offsets from
-// p[13].
+// contiguous, heads may lie further apart: a view of a KV cache), p[13] / p[14] the key splits
+// and keys per split of forward_rows, then binding offsets from p[15].
 // Backward bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 dout, 7 dq, 8 dk, 9 dv, 10 delta (scratch,
 // one per query row: sum(dout * out)).
 
 CONSTS
 
-fn o(k: u32) -> u32 { return p[12u + k]; }
+fn o(k: u32) -> u32 { return p[14u + k]; }
 
 // The streamed tiles: keys and values (forward, dq) or queries and output gradients (dk, dv).
 var<workgroup> ta: array<vec4<f32>, AWORDS>;
@@ -92,37 +92,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel forward_rows
-// For few query rows (decoding): a workgroup per query row, its threads over the keys, 256
-// at a time, folded into the output (the running accumulator) with an online softmax.
-// Bindings: 1 q, 2 k, 3 v, 4 out, 5 lse.
+// For few query rows (decoding): a workgroup per (query row, key split), its threads over the
+// split's keys 256 at a time with an online softmax, thread d keeping output element d. With
+// one split the row is finished here; with more, each split leaves its unnormalized sums and
+// its (maximum, total) pair in binding 6 for forward_combine: the sums of (row, split) t at
+// t * Dv, the pairs after all the sums.
+// Bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 partials.
+var<workgroup> qs: array<f32, 256>;
 var<workgroup> pb: array<f32, 256>;
 var<workgroup> parts: array<f32, 1024>;
 
-fn dot_qk(qb: u32, kb: u32) -> f32 {
-    var s = 0.0;
-    for (var d = 0u; d < p[5]; d++) { s += ld1(qb + d) * ld2(kb + d); }
-    return s;
-}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let rows = p[0] * p[1] * p[3];
+    let splits = p[13];
     let dk = p[5];
     let dv = p[6];
-    let scale = pf(8u);
-    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
-        let i = row % p[3];
-        let lim = visible(i);
-        let qb = o(1u) + row * dk;
+    for (var t = group_index(wid, nwg); t < rows * splits; t += group_count(nwg)) {
+        let row = t / splits;
+        let first = (t % splits) * p[14];
+        let end = min(first + p[14], visible(row % p[3]));
         let kb = k_base(row / p[3]);
         let vb = v_base(row / p[3]);
-        let ob = o(4u) + row * dv;
-        for (var d = lid; d < dv; d += WG) { st4(ob + d, 0.0); }
+        workgroupBarrier();
+        if (lid < dk) { qs[lid] = pf(8u) * ld1(o(1u) + row * dk + lid); }
+        workgroupBarrier();
+        var acc = 0.0;
         var m = -inf();
         var l = 0.0;
-        for (var j0 = 0u; j0 < lim; j0 += WG) {
+        for (var j0 = first; j0 < end; j0 += WG) {
             let j = j0 + lid;
             var s = -inf();
-            if (j < lim) { s = scale * dot_qk(qb, kb + j * dk); }
+            if (j < end) {
+                s = 0.0;
+                for (var d = 0u; d < dk; d++) { s += qs[d] * ld2(kb + j * dk + d); }
+            }
             let m_new = max(m, wg_max(s, lid));
             let alpha = select(exp(m - m_new), 1.0, m_new == -inf());
             let pj = select(exp(s - m_new), 0.0, s == -inf());
@@ -132,7 +136,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
             // Four quarters of the workgroup each sum every fourth key; the quarters then add
             // up in order.
-            let cnt = min(WG, lim - j0);
+            let cnt = min(WG, end - j0);
             let quarter = lid / 64u;
             for (var d = lid % 64u; d < dv; d += 64u) {
                 var part = 0.0;
@@ -140,17 +144,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 parts[quarter * 256u + d] = part;
             }
             workgroupBarrier();
-            for (var d = lid; d < dv; d += WG) {
-                let sum = (parts[d] + parts[256u + d]) + (parts[512u + d] + parts[768u + d]);
-                st4(ob + d, ld4(ob + d) * alpha + sum);
+            if (lid < dv) {
+                acc = acc * alpha + ((parts[lid] + parts[256u + lid]) + (parts[512u + lid] + parts[768u + lid]));
             }
             workgroupBarrier();
         }
+        if (splits == 1u) {
+            if (lid < dv) { st4(o(4u) + row * dv + lid, select(0.0, acc / l, l > 0.0)); }
+            if (lid == 0u) { st5(o(5u) + row, select(-inf(), m + log(l), l > 0.0)); }
+        } else {
+            if (lid < dv) { st6(o(6u) + t * dv + lid, acc); }
+            let pair = o(6u) + rows * splits * dv + 2u * t;
+            if (lid == 0u) { st6(pair, m); st6(pair + 1u, l); }
+        }
+    }
+}
+
+// @kernel forward_combine
+// Joins the splits of forward_rows in order, each rescaled to the row's largest maximum.
+// Bindings as forward_rows.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = p[0] * p[1] * p[3];
+    let splits = p[13];
+    let dv = p[6];
+    let pairs = o(6u) + rows * splits * dv;
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let t0 = row * splits;
+        var m = -inf();
+        for (var s = 0u; s < splits; s++) { m = max(m, ld6(pairs + 2u * (t0 + s))); }
+        var l = 0.0;
+        for (var s = 0u; s < splits; s++) {
+            let ms = ld6(pairs + 2u * (t0 + s));
+            if (ms != -inf()) { l += ld6(pairs + 2u * (t0 + s) + 1u) * exp(ms - m); }
+        }
         for (var d = lid; d < dv; d += WG) {
-            st4(ob + d, select(0.0, ld4(ob + d) / l, l > 0.0));
+            var acc = 0.0;
+            for (var s = 0u; s < splits; s++) {
+                let ms = ld6(pairs + 2u * (t0 + s));
+                if (ms != -inf()) { acc += ld6(o(6u) + (t0 + s) * dv + d) * exp(ms - m); }
+            }
+            st4(o(4u) + row * dv + d, select(0.0, acc / l, l > 0.0));
         }
         if (lid == 0u) { st5(o(5u) + row, select(-inf(), m + log(l), l > 0.0)); }
-        workgroupBarrier();
     }
 }
 

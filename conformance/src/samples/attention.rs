@@ -93,7 +93,7 @@ impl Problem {
     }
 }
 
-const PROBLEMS: [Problem; 16] = [
+const PROBLEMS: [Problem; 17] = [
     p(true, [2, 4, 2, 17, 17, 64, 64]),
     p(false, [2, 4, 2, 17, 17, 64, 64]),
     p(true, [1, 2, 1, 600, 600, 64, 64]),
@@ -104,6 +104,7 @@ const PROBLEMS: [Problem; 16] = [
     p(false, [1, 2, 1, 21, 25, 256, 256]),
     p(true, [1, 4, 2, 5, 37, 64, 64]),
     p(true, [1, 2, 1, 1, 600, 64, 64]),
+    p(true, [1, 4, 2, 6, 300, 128, 96]),
     p(false, [2, 2, 2, 7, 13, 32, 48]),
     p(false, [1, 2, 1, 13, 7, 16, 16]),
     p(true, [2, 4, 1, 9, 9, 32, 32]),
@@ -128,7 +129,7 @@ pub(super) fn forward() -> Vec<Sample> {
     // Keys and values read in place from a KV cache with room for more positions: a decoding
     // step, a short continuation and a long one.
     for (pr, room) in [
-        p(true, [1, 4, 2, 1, 40, 64, 64]),
+        p(true, [1, 4, 2, 1, 200, 64, 64]),
         p(true, [2, 4, 2, 9, 30, 32, 48]),
         p(true, [1, 2, 2, 70, 100, 64, 64]),
     ]

@@ -68,7 +68,13 @@ pub(crate) fn launch(
             let (splits, chunk) = key_splits(rows, kk[2]);
             let params = |o: &[usize], p: &mut crate::shader::Params| {
                 p.all(&dims).f(s[0]);
-                p.u(ks[1]).u(ks[0]).u(vs[1]).u(vs[0]).u(splits).u(chunk).all(o);
+                p.u(ks[1])
+                    .u(ks[0])
+                    .u(vs[1])
+                    .u(vs[0])
+                    .u(splits)
+                    .u(chunk)
+                    .all(o);
             };
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {

@@ -10,7 +10,7 @@ use tessera_core::memory::Pool;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, KernelTime, Limits,
-    MemoryStats, Op, Result, TensorRef,
+    MemoryStats, Op, PendingBytes, ReadyBytes, Result, TensorRef,
 };
 
 use crate::buffer::{wgpu_buffer, Block, SharedPool, WgpuBuffer};
@@ -23,6 +23,8 @@ const PARAM_CAPACITY: u64 = 256 * 1024;
 /// Dispatches recorded before a batch is submitted without waiting for a sync point, so the
 /// GPU starts working while the host records more.
 const MAX_BATCH: usize = 32;
+/// Staging buffers kept for reads to the host (more are made while many reads are pending).
+const MAX_STAGING_BUFFERS: usize = 4;
 /// Bind groups kept per device; the cache is cleared when it grows past this.
 const MAX_BIND_GROUPS: usize = 4096;
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
@@ -120,7 +122,10 @@ struct State {
     /// Work or host writes queued since the last submission.
     dirty: bool,
     bind_groups: HashMap<BindKey, wgpu::BindGroup>,
-    staging: Option<wgpu::Buffer>,
+    /// Host-visible buffers for reads, unmapped and free.
+    staging: Vec<wgpu::Buffer>,
+    /// The latest submission, which reads wait for.
+    submitted: Option<wgpu::SubmissionIndex>,
     profiler: Option<Profiler>,
     /// Launches and seconds per kernel since profiling started.
     profile: HashMap<String, (u64, f64)>,
@@ -193,7 +198,7 @@ impl Core {
             }
         }
         let cmds = st.encoder.take().map(|e| e.finish());
-        self.queue.submit(cmds);
+        st.submitted = Some(self.queue.submit(cmds));
         let seq = st.seq;
         let done = self.completed.clone();
         self.queue.on_submitted_work_done(move || {
@@ -619,24 +624,31 @@ impl Core {
         )))
     }
 
-    fn read_into(&self, buf: &WgpuBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
+    fn read_into(self: &Arc<Self>, buf: &WgpuBuffer, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.start_read(buf, offset, out.len())?.wait_into(out)
+    }
+
+    /// Records a copy of `len` bytes at `offset` into a host-visible staging buffer, submits
+    /// it and starts mapping it.
+    fn start_read(
+        self: &Arc<Self>,
+        buf: &WgpuBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Result<HostCopy> {
         let start = (offset as u64) / 4 * 4;
-        let end = (offset + out.len()) as u64;
-        let end = end.div_ceil(4) * 4;
+        let end = ((offset + len) as u64).div_ceil(4) * 4;
         let size = end - start;
         let mut st = self.state();
-        if st.staging.as_ref().is_none_or(|s| s.size() < size) {
-            st.staging = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = match st.staging.iter().position(|s| s.size() >= size) {
+            Some(i) => st.staging.swap_remove(i),
+            None => self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("tessera staging"),
                 size: size.next_power_of_two().max(256),
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
-            }));
-        }
-        let staging = st
-            .staging
-            .clone()
-            .ok_or_else(|| backend_err("no staging buffer"))?;
+            }),
+        };
         st.pass = None;
         Self::encoder(&self.device, &mut st.encoder).copy_buffer_to_buffer(
             &buf.buffer,
@@ -647,26 +659,74 @@ impl Core {
         );
         st.dirty = true;
         self.flush(&mut st);
+        let submission = st.submitted.clone();
+        drop(st);
         let (tx, rx) = mpsc::channel();
         staging
             .slice(0..size)
             .map_async(wgpu::MapMode::Read, move |r| {
                 let _ = tx.send(r);
             });
-        self.wait_idle()?;
-        rx.recv()
+        Ok(HostCopy {
+            core: self.clone(),
+            staging,
+            submission,
+            size,
+            skip: (offset as u64 - start) as usize,
+            len,
+            mapped: rx,
+        })
+    }
+}
+
+/// A copy to the host on its way: submitted, its staging buffer being mapped.
+struct HostCopy {
+    core: Arc<Core>,
+    staging: wgpu::Buffer,
+    /// The submission that holds the copy: waiting for it waits for nothing queued later.
+    submission: Option<wgpu::SubmissionIndex>,
+    size: u64,
+    skip: usize,
+    len: usize,
+    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+}
+
+impl HostCopy {
+    fn wait_into(self, out: &mut [u8]) -> Result<()> {
+        let core = &self.core;
+        core.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: self.submission.clone(),
+                timeout: None,
+            })
+            .map_err(|e| backend_err(format!("poll: {e}")))?;
+        core.check_errors()?;
+        self.mapped
+            .recv()
             .map_err(|_| backend_err("buffer mapping was dropped"))?
             .map_err(|e| backend_err(format!("mapping the staging buffer: {e}")))?;
         {
-            let view = staging
-                .slice(0..size)
+            let view = self
+                .staging
+                .slice(0..self.size)
                 .get_mapped_range()
                 .map_err(|e| backend_err(format!("reading the staging buffer: {e}")))?;
-            let skip = offset - start as usize;
-            out.copy_from_slice(&view[skip..skip + out.len()]);
+            out.copy_from_slice(&view[self.skip..self.skip + self.len]);
         }
-        staging.unmap();
+        self.staging.unmap();
+        let mut st = core.state();
+        if st.staging.len() < MAX_STAGING_BUFFERS {
+            st.staging.push(self.staging);
+        }
         Ok(())
+    }
+}
+
+impl PendingBytes for HostCopy {
+    fn wait(self: Box<Self>) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        self.wait_into(&mut out)?;
+        Ok(out)
     }
 }
 
@@ -817,7 +877,8 @@ impl WgpuDevice {
                 free_params: Vec::new(),
                 dirty: false,
                 bind_groups: HashMap::new(),
-                staging: None,
+                staging: Vec::new(),
+                submitted: None,
                 profiler: None,
                 profile: HashMap::new(),
             }),
@@ -887,6 +948,25 @@ impl Device for WgpuDevice {
             return self.synchronize_inner();
         }
         self.core.read_into(wgpu_buffer(buffer)?, offset, out)
+    }
+
+    fn read_later(
+        &self,
+        buffer: &Arc<dyn Buffer>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Box<dyn PendingBytes>> {
+        self.core.syncs.fetch_add(1, Ordering::Relaxed);
+        byte_range("read_later", buffer, offset, len)?;
+        if len == 0 {
+            self.synchronize_inner()?;
+            return Ok(Box::new(ReadyBytes(Vec::new())));
+        }
+        Ok(Box::new(self.core.start_read(
+            wgpu_buffer(buffer)?,
+            offset,
+            len,
+        )?))
     }
 
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {

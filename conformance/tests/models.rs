@@ -213,6 +213,17 @@ fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
     .unwrap();
     assert_eq!(got, want, "{label}: greedy generation");
     assert_eq!(streamed, want[prompt.len()..], "{label}: streamed tokens");
+
+    // With a stop token, the output ends at its first occurrence among the new tokens.
+    let new_tokens = &want[prompt.len()..];
+    let stop = new_tokens[1];
+    let end = prompt.len() + new_tokens.iter().position(|&t| t == stop).unwrap_or(1) + 1;
+    let options = GenerateOptions {
+        stop_tokens: vec![stop],
+        ..options
+    };
+    let got = generate(&fresh, &prompt, &options, &mut RngState::new(0), &mut |_| {}).unwrap();
+    assert_eq!(got, want[..end], "{label}: greedy generation stopping at {stop}");
 }
 
 /// Applies the fixture's AdamW step to every parameter of `model` (whose gradients are set)

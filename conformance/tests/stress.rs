@@ -1,6 +1,7 @@
 //! Stress on every device under test: many threads sharing one device get the results one
 //! thread gets, bit for bit; running out of memory is an error the device recovers from; a
-//! training step never waits for the device; and memory stays flat over many steps.
+//! training step never waits for the device; a read started early returns the values of its
+//! time; and memory stays flat over many steps.
 
 use std::sync::Arc;
 
@@ -118,6 +119,24 @@ fn a_loop_that_never_synchronizes_reuses_memory() {
             "{id}: 40 unsynchronized 16 MiB results reserved {grown} bytes"
         );
         device.synchronize().unwrap();
+    }
+}
+
+#[test]
+fn a_read_started_early_sees_the_values_of_its_time() {
+    for device in devices_under_test() {
+        let id = device.info().id();
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[3], &device).unwrap();
+        let doubled = x.add(&x).unwrap();
+        let early = doubled.to_vec_later::<f32>().unwrap();
+        doubled.copy_from(&x.mul(&doubled).unwrap()).unwrap();
+        let late = doubled.to_vec_later::<f32>().unwrap();
+        let syncs = device.host_syncs();
+        assert_eq!(early.wait().unwrap(), [2.0, 4.0, 6.0], "{id}: the early read");
+        assert_eq!(late.wait().unwrap(), [2.0, 8.0, 18.0], "{id}: the late read");
+        assert_eq!(device.host_syncs(), syncs, "{id}: waiting is not another sync");
+        let wrong = doubled.to_vec_later::<i32>().err();
+        assert!(matches!(wrong, Some(Error::DType { .. })), "{id}: {wrong:?}");
     }
 }
 

@@ -116,6 +116,20 @@ pub trait Device: Send + Sync + Debug {
     fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()>;
     /// Copies bytes out of `buffer` at `offset`; waits for queued work that writes it.
     fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// Starts copying `len` bytes at `offset` to the host and returns without waiting: the
+    /// bytes are those the buffer holds once the work queued so far has run, whatever is
+    /// queued after. A caller queues more work meanwhile (decoding reads token `t` while step
+    /// `t + 1` runs). By default it is a plain [`Device::read`].
+    fn read_later(
+        &self,
+        buffer: &Arc<dyn Buffer>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Box<dyn PendingBytes>> {
+        let mut out = vec![0u8; len];
+        self.read(buffer, offset, &mut out)?;
+        Ok(Box::new(ReadyBytes(out)))
+    }
     /// The kernel for `op` with inputs of `input_dtypes`, compiled once and cached per device.
     /// A backend that cannot run it returns [`crate::Error::Unsupported`].
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>>;
@@ -144,6 +158,21 @@ pub trait Device: Send + Sync + Debug {
     /// Device time per kernel since profiling started, slowest first.
     fn profile(&self) -> Vec<KernelTime> {
         Vec::new()
+    }
+}
+
+/// Bytes on their way to the host, from [`Device::read_later`].
+pub trait PendingBytes: Send {
+    /// Waits for the copy (not for work queued after it was started) and returns the bytes.
+    fn wait(self: Box<Self>) -> Result<Vec<u8>>;
+}
+
+/// Bytes already on the host: a read that finished at once.
+pub struct ReadyBytes(pub Vec<u8>);
+
+impl PendingBytes for ReadyBytes {
+    fn wait(self: Box<Self>) -> Result<Vec<u8>> {
+        Ok(self.0)
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::models::Transformer;
 use crate::nn::KvCache;
 use crate::rng::RngState;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, PendingVec, Result, Tensor};
 
 /// How the next token is chosen. `temperature == 0` is greedy (argmax on the device); otherwise
 /// logits are divided by the temperature, cut to the `top_k` most likely tokens and to the
@@ -120,6 +120,9 @@ pub fn generate(
         });
     }
     let _guard = crate::no_grad();
+    if options.sampling.temperature == 0.0 {
+        return generate_greedy(model, prompt, options, on_token);
+    }
     let device = model.device();
     let mut cache = KvCache::new(model.blocks.len());
     let mut out = prompt.to_vec();
@@ -130,13 +133,8 @@ pub fn generate(
         }
         let ids = Tensor::from_slice(&next_input, &[1, next_input.len()], device)?;
         let logits = model.forward(&ids, Some(&mut cache))?;
-        let last = logits.select(1, -1)?;
-        let token = if options.sampling.temperature == 0.0 {
-            last.argmax(-1, false)?.item()? as u32
-        } else {
-            let row = last.to_vec_f64()?;
-            options.sampling.pick(&row, rng)
-        };
+        let row = logits.select(1, -1)?.to_vec_f64()?;
+        let token = options.sampling.pick(&row, rng);
         out.push(token);
         on_token(token);
         if options.stop_tokens.contains(&token) {
@@ -145,6 +143,53 @@ pub fn generate(
         next_input = vec![token];
     }
     Ok(out)
+}
+
+/// Greedy decoding that keeps each chosen token on the device as the next step's input and
+/// reads it back one step late, while the next step runs: the host records step `t + 1`
+/// while the device computes step `t`. A stop token is therefore seen after one more step
+/// has been queued, whose result is dropped.
+fn generate_greedy(
+    model: &Transformer,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<Vec<u32>> {
+    let device = model.device();
+    let mut cache = KvCache::new(model.blocks.len());
+    let mut out = prompt.to_vec();
+    let mut ids = Tensor::from_slice(prompt, &[1, prompt.len()], device)?;
+    let mut pending = None;
+    for _ in 0..options.max_new_tokens {
+        if cache.len() + ids.shape()[1] > model.config.max_positions {
+            break;
+        }
+        let logits = model.forward(&ids, Some(&mut cache))?;
+        let next = logits.select(1, -1)?.argmax(-1, true)?;
+        ids = next.to_dtype(DType::U32)?;
+        if let Some(read) = pending.replace(next.to_vec_later::<i32>()?) {
+            if emit(read, &mut out, options, on_token)? {
+                return Ok(out);
+            }
+        }
+    }
+    if let Some(read) = pending {
+        emit(read, &mut out, options, on_token)?;
+    }
+    Ok(out)
+}
+
+/// Appends a token read from the device and reports it; true at a stop token.
+fn emit(
+    read: PendingVec<i32>,
+    out: &mut Vec<u32>,
+    options: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<bool> {
+    let token = read.wait()?[0] as u32;
+    out.push(token);
+    on_token(token);
+    Ok(options.stop_tokens.contains(&token))
 }
 
 /// Greedy continuation of equal-length prompts as one batch: `new_tokens` tokens each, chosen

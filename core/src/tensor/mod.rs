@@ -25,6 +25,22 @@ use autograd::Node;
 #[derive(Clone)]
 pub struct Tensor(Arc<Inner>);
 
+/// Elements on their way to the host, from [`Tensor::to_vec_later`].
+pub struct PendingVec<T> {
+    bytes: Box<dyn crate::PendingBytes>,
+    element: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> PendingVec<T> {
+    /// Waits for the copy and returns the elements.
+    pub fn wait(self) -> Result<Vec<T>> {
+        let bytes = self.bytes.wait()?;
+        let mut out = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes);
+        Ok(out)
+    }
+}
+
 struct Inner {
     buffer: Arc<dyn crate::Buffer>,
     layout: Layout,
@@ -295,17 +311,7 @@ impl Tensor {
 
     /// Reads the elements as `T`, which must be the tensor's dtype.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype() {
-            return Err(Error::dtype(
-                "to_vec",
-                format!(
-                    "tensor is {:?} {}, asked for {}",
-                    self.shape(),
-                    self.dtype(),
-                    T::DTYPE
-                ),
-            ));
-        }
+        self.expect_element::<T>("to_vec")?;
         let t = self.contiguous()?;
         let mut out = vec![T::zeroed(); t.numel()];
         let size = t.dtype().size();
@@ -315,6 +321,37 @@ impl Tensor {
             bytemuck::cast_slice_mut(&mut out),
         )?;
         Ok(out)
+    }
+
+    /// Starts reading the elements as `T` (the tensor's dtype) and returns without waiting:
+    /// the values are those after the work queued so far, and work queued meanwhile runs on
+    /// (PyTorch's `non_blocking` copy to the host).
+    pub fn to_vec_later<T: Element>(&self) -> Result<PendingVec<T>> {
+        self.expect_element::<T>("to_vec_later")?;
+        let t = self.contiguous()?;
+        let size = t.dtype().size();
+        let bytes =
+            t.device()
+                .read_later(t.buffer(), t.layout().offset * size, t.numel() * size)?;
+        Ok(PendingVec {
+            bytes,
+            element: std::marker::PhantomData,
+        })
+    }
+
+    fn expect_element<T: Element>(&self, op: &str) -> Result<()> {
+        if T::DTYPE == self.dtype() {
+            return Ok(());
+        }
+        Err(Error::dtype(
+            op,
+            format!(
+                "tensor is {:?} {}, asked for {}",
+                self.shape(),
+                self.dtype(),
+                T::DTYPE
+            ),
+        ))
     }
 
     /// The single element of a one-element tensor, as f64.

@@ -412,6 +412,11 @@ impl Core {
     }
 
     /// Whether f16 matmuls run on cooperative matrices.
+    /// The most bytes one storage binding may span.
+    pub(crate) fn max_binding(&self) -> u64 {
+        self.max_binding
+    }
+
     pub(crate) fn coop_f16(&self) -> bool {
         self.coop_f16
     }

@@ -5,10 +5,10 @@
 //! cooperative matrices (tensor cores) where the adapter offers them; matmuls of at most
 //! [`MAX_FEW_ROWS`] rows run a split-K kernel instead.
 
-use tessera_core::{DType, Op, Result, TensorRef, UnaryOp};
+use tessera_core::{DType, Layout, Op, Result, TensorRef, UnaryOp};
 
 use crate::device::Core;
-use crate::shader::{key, run_grid, unsupported};
+use crate::shader::{groups_for, key, run, run_grid, unsupported, Params};
 
 const SRC: &str = include_str!("kernels/matmul.wgsl");
 
@@ -103,8 +103,7 @@ pub(crate) fn launch(
         a.layout.shape[r - 1],
         b.layout.shape[r - 1],
     );
-    let batch_shape = &a.layout.shape[..r - 2];
-    let batch: usize = batch_shape.iter().product();
+    let batch: usize = a.layout.shape[..r - 2].iter().product();
     let mut epilogue = String::new();
     let mut next = 3;
     let bias_at = (*bias).then(|| {
@@ -139,28 +138,44 @@ pub(crate) fn launch(
     ];
     let few_rows = m <= MAX_FEW_ROWS && b_at == "along_k";
     let tensor_cores = core.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
+    let tiles = [
+        core.dim(n.div_ceil(128)),
+        core.dim(m.div_ceil(128)),
+        core.dim(batch),
+    ];
+    let mut problem = Problem {
+        inputs,
+        m,
+        n,
+        k,
+        batch,
+        bias_at,
+        res_at,
+        splits: 1,
+        k_per_split: k,
+    };
     let (section, variant, grid) = if few_rows {
         let lanes = few_rows_lanes(n);
         subst.extend(few_rows_code(m, lanes));
         let grid = [core.dim(n.div_ceil(256 / lanes)), 1, core.dim(batch)];
         ("rows", format!("rows{m}x{lanes}"), grid)
+    } else if tensor_cores {
+        subst[2].1 = a_at.replace("along", "coop");
+        subst[3].1 = b_at.replace("along", "coop");
+        subst.extend(coop_staging_code());
+        ("coop", format!("coop/{a_at}/{b_at}"), tiles)
     } else {
-        let grid = [
-            core.dim(n.div_ceil(128)),
-            core.dim(m.div_ceil(128)),
-            core.dim(batch),
-        ];
-        if tensor_cores {
-            subst[2].1 = a_at.replace("along", "coop");
-            subst[3].1 = b_at.replace("along", "coop");
-            subst.extend(coop_staging_code());
-            ("coop", format!("coop/{a_at}/{b_at}"), grid)
-        } else {
-            ("matmul", format!("tiled128/{a_at}/{b_at}"), grid)
+        let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
+        let (splits, k_per_split) = split_k(tile_count, k);
+        let partial_bytes = 4 * batch * splits * m * n;
+        if splits > 1 && partial_bytes as u64 <= core.max_binding() {
+            problem.splits = splits;
+            problem.k_per_split = k_per_split;
+            return launch_split(core, op, outputs, subst, &problem, tiles, partial_bytes);
         }
+        ("matmul", format!("tiled128/{a_at}/{b_at}"), tiles)
     };
     let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
-    let bs = |t: &TensorRef<'_>| t.layout.strides[..r - 2].to_vec();
     run_grid(
         core,
         &key(op, inputs, outputs, &variant),
@@ -170,34 +185,124 @@ pub(crate) fn launch(
         inputs,
         outputs,
         grid,
-        |o, p| {
-            p.u(m).u(n).u(k).u(batch).u(r - 2);
-            p.u(o[0])
-                .u(a.layout.strides[r - 2])
-                .u(a.layout.strides[r - 1]);
-            p.u(o[1])
-                .u(b.layout.strides[r - 2])
-                .u(b.layout.strides[r - 1]);
-            match bias_at {
-                Some(i) => p.u(o[i - 1]).u(inputs[i - 1].layout.strides[0]),
-                None => p.u(0).u(0),
-            };
-            let res = res_at.map(|i| &inputs[i - 1]);
-            match res_at {
-                Some(i) => p
-                    .u(o[i - 1])
-                    .u(inputs[i - 1].layout.strides[r - 2])
-                    .u(inputs[i - 1].layout.strides[r - 1]),
-                None => p.u(0).u(0).u(0),
-            };
-            p.u(o[inputs.len()]);
-            p.all(batch_shape).all(&bs(a)).all(&bs(b));
-            match res {
-                Some(t) => p.all(&bs(t)),
-                None => p.all(&vec![0; r - 2]),
-            };
-        },
+        |o, p| problem.params(o, p),
     )
+}
+
+/// Output tiles fewer than this leave SMs idle on large GPUs: the tiled kernel then splits K.
+const SPLIT_K_TILES: usize = 264;
+/// The least k a split takes.
+const MIN_K_PER_SPLIT: usize = 512;
+
+/// How the tiled kernel splits K for `tiles` output tiles: (splits, k per split, a multiple
+/// of the kernel's k step).
+fn split_k(tiles: usize, k: usize) -> (usize, usize) {
+    if tiles >= SPLIT_K_TILES || k < 2 * MIN_K_PER_SPLIT {
+        return (1, k);
+    }
+    let splits = SPLIT_K_TILES.div_ceil(tiles).min(k / MIN_K_PER_SPLIT);
+    let k_per_split = k.div_ceil(splits).next_multiple_of(8);
+    (k.div_ceil(k_per_split), k_per_split)
+}
+
+/// The tiled kernel over K in `problem.splits` parts into f32 partial sums, then
+/// `sum_splits` adding them in order and applying the epilogue.
+fn launch_split(
+    core: &Core,
+    op: &Op,
+    outputs: &[TensorRef<'_>],
+    subst: Vec<(&'static str, String)>,
+    problem: &Problem<'_>,
+    tiles: [u32; 3],
+    partial_bytes: usize,
+) -> Result<()> {
+    let inputs = problem.inputs;
+    let partials = core.scratch(partial_bytes)?;
+    let layout = Layout::contiguous(&[partial_bytes / 4]);
+    let sums = TensorRef {
+        buffer: &partials,
+        layout: &layout,
+        dtype: DType::F32,
+    };
+    let raw = [("EPILOGUE", String::new()), ("STORE", "st3".to_string())];
+    let mut split_subst = subst.clone();
+    split_subst[..2].clone_from_slice(&raw);
+    let variant = format!("tiled128/{}/{}/split", subst[2].1, subst[3].1);
+    let parts = Problem {
+        inputs: &inputs[..2],
+        bias_at: None,
+        res_at: None,
+        ..*problem
+    };
+    run_grid(
+        core,
+        &key(op, &inputs[..2], &[sums], &variant),
+        SRC,
+        "matmul",
+        &split_subst,
+        &inputs[..2],
+        &[sums],
+        [tiles[0], tiles[1], core.dim(problem.batch * problem.splits)],
+        |o, p| parts.params(o, p),
+    )?;
+    let mut finish = inputs.to_vec();
+    finish[0] = sums;
+    run(
+        core,
+        &key(op, &finish, outputs, "sum_splits"),
+        SRC,
+        "sum_splits",
+        &subst[..2],
+        &finish,
+        outputs,
+        groups_for(problem.batch * problem.m * problem.n),
+        |o, p| problem.params(o, p),
+    )
+}
+
+/// One matmul launch's sizes and operands, which its parameters are made from.
+#[derive(Clone, Copy)]
+struct Problem<'a> {
+    inputs: &'a [TensorRef<'a>],
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    /// Bindings (from 1) of the bias and the residual.
+    bias_at: Option<usize>,
+    res_at: Option<usize>,
+    splits: usize,
+    k_per_split: usize,
+}
+
+impl Problem<'_> {
+    /// The parameters the kernels read (`kernels/matmul.wgsl`), given the bindings' offsets.
+    fn params(&self, o: &[usize], p: &mut Params) {
+        let inputs = self.inputs;
+        let (a, b) = (&inputs[0].layout, &inputs[1].layout);
+        let r = a.rank();
+        p.u(self.m).u(self.n).u(self.k).u(self.batch).u(r - 2);
+        p.u(o[0]).u(a.strides[r - 2]).u(a.strides[r - 1]);
+        p.u(o[1]).u(b.strides[r - 2]).u(b.strides[r - 1]);
+        match self.bias_at {
+            Some(i) => p.u(o[i - 1]).u(inputs[i - 1].layout.strides[0]),
+            None => p.u(0).u(0),
+        };
+        let res = self.res_at.map(|i| &inputs[i - 1].layout);
+        match (self.res_at, res) {
+            (Some(i), Some(t)) => p.u(o[i - 1]).u(t.strides[r - 2]).u(t.strides[r - 1]),
+            _ => p.u(0).u(0).u(0),
+        };
+        p.u(o[inputs.len()]);
+        p.all(&a.shape[..r - 2])
+            .all(&a.strides[..r - 2])
+            .all(&b.strides[..r - 2]);
+        match res {
+            Some(t) => p.all(&t.strides[..r - 2]),
+            None => p.all(&vec![0; r - 2]),
+        };
+        p.u(self.splits).u(self.k_per_split);
+    }
 }
 
 #[cfg(test)]

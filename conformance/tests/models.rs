@@ -222,8 +222,19 @@ fn check_fixture(dir: &Path, device: &Arc<dyn Device>) {
         stop_tokens: vec![stop],
         ..options
     };
-    let got = generate(&fresh, &prompt, &options, &mut RngState::new(0), &mut |_| {}).unwrap();
-    assert_eq!(got, want[..end], "{label}: greedy generation stopping at {stop}");
+    let got = generate(
+        &fresh,
+        &prompt,
+        &options,
+        &mut RngState::new(0),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        got,
+        want[..end],
+        "{label}: greedy generation stopping at {stop}"
+    );
 }
 
 /// Applies the fixture's AdamW step to every parameter of `model` (whose gradients are set)

@@ -132,11 +132,26 @@ fn a_read_started_early_sees_the_values_of_its_time() {
         doubled.copy_from(&x.mul(&doubled).unwrap()).unwrap();
         let late = doubled.to_vec_later::<f32>().unwrap();
         let syncs = device.host_syncs();
-        assert_eq!(early.wait().unwrap(), [2.0, 4.0, 6.0], "{id}: the early read");
-        assert_eq!(late.wait().unwrap(), [2.0, 8.0, 18.0], "{id}: the late read");
-        assert_eq!(device.host_syncs(), syncs, "{id}: waiting is not another sync");
+        assert_eq!(
+            early.wait().unwrap(),
+            [2.0, 4.0, 6.0],
+            "{id}: the early read"
+        );
+        assert_eq!(
+            late.wait().unwrap(),
+            [2.0, 8.0, 18.0],
+            "{id}: the late read"
+        );
+        assert_eq!(
+            device.host_syncs(),
+            syncs,
+            "{id}: waiting is not another sync"
+        );
         let wrong = doubled.to_vec_later::<i32>().err();
-        assert!(matches!(wrong, Some(Error::DType { .. })), "{id}: {wrong:?}");
+        assert!(
+            matches!(wrong, Some(Error::DType { .. })),
+            "{id}: {wrong:?}"
+        );
     }
 }
 

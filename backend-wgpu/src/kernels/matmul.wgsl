@@ -5,7 +5,8 @@
 // p[5] a offset, p[6] a row stride, p[7] a k stride, p[8] b offset, p[9] b k stride,
 // p[10] b column stride, p[11] bias offset, p[12] bias stride, p[13] residual offset,
 // p[14] residual row stride, p[15] residual column stride, p[16] output offset,
-// then batch shape, a, b and residual batch strides (BR each).
+// then batch shape, a, b and residual batch strides (BR each), then the split-K count S and
+// the k per split (see sum_splits).
 //
 // Each thread owns rows 4*tr..4*tr+3 and 64+4*tr..64+4*tr+3 of the tile and the same pattern
 // of columns in tc, so one k costs it four vec4 reads of workgroup memory for 64 FMAs, and the
@@ -159,24 +160,29 @@ fn put4(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, v: vec4<f32>
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let m = p[0];
     let n = p[1];
-    let k = p[2];
     let batch = p[3];
     let br = p[4];
     let sam = p[6];
     let sak = p[7];
     let sbk = p[9];
     let sbn = p[10];
+    let splits = p[17u + 4u * br];
     let tiles_m = (m + 127u) / 128u;
     let tiles_n = (n + 127u) / 128u;
-    let steps = (k + TK - 1u) / TK;
     let tr = lid / 16u;
     let tc = lid % 16u;
     let at_a = array<vec2<u32>, 4>(A_AT(lid, 0u), A_AT(lid, 1u), A_AT(lid, 2u), A_AT(lid, 3u));
     let at_b = array<vec2<u32>, 4>(B_AT(lid, 0u), B_AT(lid, 1u), B_AT(lid, 2u), B_AT(lid, 3u));
-    for (var z = wid.z; z < batch; z += nwg.z) {
-        let a_base = p[5] + strided(z, br, 17u, 17u + br);
-        let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
-        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
+    // z runs over (batch, split): split s takes k from s * kc on, and with S > 1 the output
+    // is the partial sums [batch, S, M, N].
+    for (var z = wid.z; z < batch * splits; z += nwg.z) {
+        let zb = z / splits;
+        let k0 = (z % splits) * p[18u + 4u * br];
+        let k = min(p[18u + 4u * br], p[2] - k0);
+        let steps = (k + TK - 1u) / TK;
+        let a_base = p[5] + strided(zb, br, 17u, 17u + br) + k0 * sak;
+        let b_base = p[8] + strided(zb, br, 17u, 17u + 2u * br) + k0 * sbk;
+        let r_base = p[13] + strided(zb, br, 17u, 17u + 3u * br);
         let o_base = p[16] + z * m * n;
         for (var ty = wid.y; ty < tiles_m; ty += nwg.y) {
             for (var tx = wid.x; tx < tiles_n; tx += nwg.x) {
@@ -226,6 +232,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 put4(m, n, gm + 67u, gn + 64u, r_base, o_base, acc.c71);
             }
         }
+    }
+}
+
+// @kernel sum_splits
+// Split K (few output tiles, long K: weight gradients): adds each output's S partial sums in
+// order and finishes it with the epilogue. Bindings as matmul's, binding 1 the partial sums
+// instead of `a` (binding 2 unused).
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let m = p[0];
+    let n = p[1];
+    let br = p[4];
+    let splits = p[17u + 4u * br];
+    let mn = m * n;
+    let step = group_count(nwg) * WG;
+    for (var e = group_index(wid, nwg) * WG + lid; e < p[3] * mn; e += step) {
+        let z = e / mn;
+        let gm = (e % mn) / n;
+        let gn = e % n;
+        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
+        var v = 0.0;
+        for (var s = 0u; s < splits; s++) { v += ld1(p[5] + (z * splits + s) * mn + e % mn); }
+        EPILOGUE
+        STORE(p[16] + e, v);
     }
 }
 

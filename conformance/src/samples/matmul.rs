@@ -1,4 +1,5 @@
-//! Matmul samples: batched, broadcast batches, transposed operands, every epilogue, K = 0.
+//! Matmul samples: batched, broadcast batches, transposed operands, every epilogue, K = 0,
+//! few rows, and split K.
 
 use tessera::{Op, UnaryOp};
 
@@ -113,6 +114,18 @@ pub(super) fn samples() -> Vec<Sample> {
             &[2, 1, 300],
             &[2, 300, 41],
             View::Permuted(vec![0, 2, 1]),
+            true,
+            Some(UnaryOp::Gelu),
+            true,
+        ),
+        // Few output tiles over a long K (weight gradients) split K: the first as a
+        // weight gradient's transposed operand, the second with a broadcast batch and every
+        // epilogue.
+        plain(&[40, 2100], &[2100, 70], View::Permuted(vec![1, 0]), c()),
+        fused(
+            &[2, 20, 1500],
+            &[2, 1500, 30],
+            View::Broadcast(vec![1500, 30]),
             true,
             Some(UnaryOp::Gelu),
             true,

@@ -114,7 +114,7 @@ pub(crate) fn launch(
     s: &[f64],
 ) -> Result<()> {
     let ni = inputs.len();
-    let o = |k: usize| format!("off(i, {k}u)");
+    let o = |k: usize| format!("o{k}");
     let out = ni + 1;
     let body = match op {
         // Casts from or to a 16-bit float pass through f32, which holds both exactly.
@@ -151,27 +151,115 @@ pub(crate) fn launch(
         ),
         _ => return Err(unsupported(op)),
     };
-    let shape = &outputs[0].layout.shape;
-    let n = outputs[0].layout.numel();
     let tensors: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
+    let strides: Vec<&[usize]> = tensors.iter().map(|t| &t.layout.strides[..]).collect();
+    let (shape, strides) = coalesce(&outputs[0].layout.shape, &strides);
+    let n = outputs[0].layout.numel();
+    let rank = shape.len();
     run(
         core,
-        &key(op, inputs, outputs, "map"),
+        &key(op, inputs, outputs, &format!("map{rank}")),
         SRC,
         "map",
-        &[("BODY", body)],
+        &[("OFFSETS", offsets(rank, tensors.len())), ("BODY", body)],
         inputs,
         outputs,
         groups_for(n),
         |offs, p| {
-            p.u(n).u(shape.len());
+            p.u(n).u(rank);
             for k in 0..4 {
                 p.f(s.get(k).copied().unwrap_or(0.0));
             }
-            p.all(shape);
-            for (t, off) in tensors.iter().zip(offs) {
-                p.u(*off).all(&t.layout.strides);
+            p.all(&shape);
+            for (st, off) in strides.iter().zip(offs) {
+                p.u(*off).all(st);
             }
         },
     )
+}
+
+/// `shape` and each operand's `strides` with size-1 dimensions dropped and neighbouring
+/// dimensions merged wherever every operand steps through them as through one (contiguous
+/// operands end up with a single dimension), so that a thread divides by fewer sizes.
+fn coalesce(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut dims: Vec<(usize, Vec<usize>)> = Vec::with_capacity(shape.len());
+    for (d, &size) in shape.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let inner: Vec<usize> = strides.iter().map(|s| s[d]).collect();
+        if let Some((outer_size, outer)) = dims.last_mut() {
+            if outer.iter().zip(&inner).all(|(&o, &i)| o == i * size) {
+                *outer_size *= size;
+                *outer = inner;
+                continue;
+            }
+        }
+        dims.push((size, inner));
+    }
+    let shape = dims.iter().map(|(size, _)| *size).collect();
+    let strides = (0..strides.len())
+        .map(|t| dims.iter().map(|(_, st)| st[t]).collect())
+        .collect();
+    (shape, strides)
+}
+
+/// WGSL that sets `o0`, `o1`, ... to each of `tensors` operands' offset of element `i`, for
+/// a shape of `rank` dimensions (parameters as `kernels/elementwise.wgsl` lists them).
+fn offsets(rank: usize, tensors: usize) -> String {
+    let mut code = String::from("var rem = i;\n");
+    for d in (1..rank).rev() {
+        code += &format!(
+            "let c{d} = rem % p[{}u];\nrem = rem / p[{}u];\n",
+            6 + d,
+            6 + d
+        );
+    }
+    if rank > 0 {
+        code += "let c0 = rem;\n";
+    }
+    for t in 0..tensors {
+        let base = 6 + rank + t * (rank + 1);
+        let terms: String = (0..rank)
+            .map(|d| format!(" + c{d} * p[{}u]", base + 1 + d))
+            .collect();
+        code += &format!("let o{t} = p[{base}u]{terms};\n");
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::coalesce;
+
+    #[test]
+    fn contiguous_operands_merge_into_one_dimension() {
+        let c = [12, 4, 1];
+        assert_eq!(
+            coalesce(&[2, 3, 4], &[&c, &c]),
+            (vec![24], vec![vec![1], vec![1]])
+        );
+    }
+
+    #[test]
+    fn a_narrowed_operand_keeps_the_dimension_it_skips_through() {
+        // [2, 3, 4] read from rows of 8: the two outer dimensions merge, the last stays.
+        let input = [24, 8, 1];
+        let out = [12, 4, 1];
+        assert_eq!(
+            coalesce(&[2, 3, 4], &[&input, &out]),
+            (vec![6, 4], vec![vec![8, 1], vec![4, 1]])
+        );
+    }
+
+    #[test]
+    fn size_one_and_broadcast_dimensions() {
+        let out = [4, 1, 1];
+        let row = [0, 1, 0];
+        assert_eq!(
+            coalesce(&[3, 4, 1], &[&row, &out]),
+            (vec![3, 4], vec![vec![0, 1], vec![4, 1]])
+        );
+        assert_eq!(coalesce(&[1, 1], &[&[1, 1]]), (vec![], vec![vec![]]));
+    }
 }

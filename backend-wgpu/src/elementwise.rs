@@ -230,7 +230,28 @@ fn offsets(rank: usize, tensors: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::coalesce;
+    use super::{coalesce, offsets, SRC};
+    use crate::shader::source;
+    use tessera_core::DType;
+
+    /// The map kernel's WGSL for each rank parses and validates as the device would see it.
+    #[test]
+    fn the_map_kernel_is_valid_wgsl_for_every_rank() {
+        let f32 = |output| (DType::F32, output);
+        let body = "let a = ld1(o0); let b = ld2(o1); st3(o2, a + b);".to_string();
+        for rank in 0..5 {
+            let subst = [("OFFSETS", offsets(rank, 3)), ("BODY", body.clone())];
+            let src = source(SRC, "map", &[f32(false), f32(false), f32(true)], &subst);
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("rank {rank}: {}", e.emit_to_string(&src)));
+        }
+    }
 
     #[test]
     fn contiguous_operands_merge_into_one_dimension() {

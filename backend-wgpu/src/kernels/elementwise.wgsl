@@ -2,8 +2,8 @@
 // Parameters: p[0] element count, p[1] rank, p[2..6] scalars, p[6..6+rank] shape, then per
 // tensor (inputs, then outputs) its element offset followed by its `rank` strides. The shape
 // arrives with its dimensions merged wherever every operand allows (elementwise.rs), so most
-// launches are of rank 1; OFFSETS, generated for the rank, works out the element's coordinates
-// once and each operand's offset `oK` from them.
+// launches are of rank 1; code generated for the rank works out the element's coordinates once
+// and each operand's offset `oK` from them.
 
 fn s0() -> f32 { return pf(2u); }
 fn s1() -> f32 { return pf(3u); }

@@ -411,12 +411,12 @@ impl Core {
         [x as u32, y as u32, 1]
     }
 
-    /// Whether f16 matmuls run on cooperative matrices.
     /// The most bytes one storage binding may span.
     pub(crate) fn max_binding(&self) -> u64 {
         self.max_binding
     }
 
+    /// Whether f16 matmuls run on cooperative matrices.
     pub(crate) fn coop_f16(&self) -> bool {
         self.coop_f16
     }

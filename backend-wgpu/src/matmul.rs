@@ -3,7 +3,9 @@
 //! the operand's dimension with the smaller stride (k, or rows / columns), chosen here per
 //! launch, so global reads coalesce for plain and transposed layouts alike. f16 matmuls run on
 //! cooperative matrices (tensor cores) where the adapter offers them; matmuls of at most
-//! [`MAX_FEW_ROWS`] rows run a split-K kernel instead.
+//! [`MAX_FEW_ROWS`] rows run a kernel whose threads split K instead. When few output tiles meet
+//! a long K (weight gradients), the tiled kernel splits K over workgroups into partial sums
+//! that a second kernel adds in order, so results stay deterministic.
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef, UnaryOp};
 
@@ -138,7 +140,7 @@ pub(crate) fn launch(
     ];
     let few_rows = m <= MAX_FEW_ROWS && b_at == "along_k";
     let tensor_cores = core.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
-    let tiles = [
+    let tile_grid = [
         core.dim(n.div_ceil(128)),
         core.dim(m.div_ceil(128)),
         core.dim(batch),
@@ -163,7 +165,7 @@ pub(crate) fn launch(
         subst[2].1 = a_at.replace("along", "coop");
         subst[3].1 = b_at.replace("along", "coop");
         subst.extend(coop_staging_code());
-        ("coop", format!("coop/{a_at}/{b_at}"), tiles)
+        ("coop", format!("coop/{a_at}/{b_at}"), tile_grid)
     } else {
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
         let (splits, k_per_split) = split_k(tile_count, k);
@@ -171,9 +173,9 @@ pub(crate) fn launch(
         if splits > 1 && partial_bytes as u64 <= core.max_binding() {
             problem.splits = splits;
             problem.k_per_split = k_per_split;
-            return launch_split(core, op, outputs, subst, &problem, tiles, partial_bytes);
+            return launch_split(core, op, outputs, subst, &problem, tile_grid, partial_bytes);
         }
-        ("matmul", format!("tiled128/{a_at}/{b_at}"), tiles)
+        ("matmul", format!("tiled128/{a_at}/{b_at}"), tile_grid)
     };
     let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
     run_grid(
@@ -213,7 +215,7 @@ fn launch_split(
     outputs: &[TensorRef<'_>],
     subst: Vec<(&'static str, String)>,
     problem: &Problem<'_>,
-    tiles: [u32; 3],
+    tile_grid: [u32; 3],
     partial_bytes: usize,
 ) -> Result<()> {
     let inputs = problem.inputs;
@@ -242,7 +244,11 @@ fn launch_split(
         &split_subst,
         &inputs[..2],
         &[sums],
-        [tiles[0], tiles[1], core.dim(problem.batch * problem.splits)],
+        [
+            tile_grid[0],
+            tile_grid[1],
+            core.dim(problem.batch * problem.splits),
+        ],
         |o, p| parts.params(o, p),
     )?;
     let mut finish = inputs.to_vec();

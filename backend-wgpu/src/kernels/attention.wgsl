@@ -92,12 +92,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel forward_rows
-// For few query rows (decoding): a workgroup per (query row, key split), its threads over the
-// split's keys 256 at a time with an online softmax, thread d keeping output element d. With
+// For few query rows (decoding): a workgroup per (query row, key split) takes the split's keys
+// KEYS at a time with an online softmax, four threads per key for the scores (each over every
+// fourth element of the head, their partial sums met in order), thread d keeping output
+// element d. With
 // one split the row is finished here; with more, each split leaves its unnormalized sums and
 // its (maximum, total) pair in binding 6 for forward_combine: the sums of (row, split) t at
 // t * Dv, the pairs after all the sums.
 // Bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 partials.
+const KEYS: u32 = WG / 4u;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> pb: array<f32, 256>;
 var<workgroup> parts: array<f32, 1024>;
@@ -120,12 +123,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var acc = 0.0;
         var m = -inf();
         var l = 0.0;
-        for (var j0 = first; j0 < end; j0 += WG) {
-            let j = j0 + lid;
-            var s = -inf();
+        for (var j0 = first; j0 < end; j0 += KEYS) {
+            let j = j0 + lid / 4u;
+            var part = 0.0;
             if (j < end) {
-                s = 0.0;
-                for (var d = 0u; d < dk; d++) { s += qs[d] * ld2(kb + j * dk + d); }
+                for (var d = lid % 4u; d < dk; d += 4u) { part += qs[d] * ld2(kb + j * dk + d); }
+            }
+            pb[lid] = part;
+            workgroupBarrier();
+            var s = -inf();
+            if (lid < KEYS && j0 + lid < end) {
+                s = (pb[4u * lid] + pb[4u * lid + 1u]) + (pb[4u * lid + 2u] + pb[4u * lid + 3u]);
             }
             let m_new = max(m, wg_max(s, lid));
             let alpha = select(exp(m - m_new), 1.0, m_new == -inf());
@@ -136,7 +144,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
             // Four quarters of the workgroup each sum every fourth key; the quarters then add
             // up in order.
-            let cnt = min(WG, end - j0);
+            let cnt = min(KEYS, end - j0);
             let quarter = lid / 64u;
             for (var d = lid % 64u; d < dv; d += 64u) {
                 var part = 0.0;

@@ -94,8 +94,9 @@ pub struct GenerateOptions {
 }
 
 /// Continues `prompt` with up to `max_new_tokens` tokens, calling `on_token` with each new
-/// token as soon as it is chosen (streaming). Returns the prompt followed by the new tokens.
-/// Stops early at a stop token or at the model's last position.
+/// token as soon as it reaches the host (streaming; greedy decoding reads a token back while
+/// the next step runs). Returns the prompt followed by the new tokens. Stops early at a stop
+/// token or at the model's last position.
 pub fn generate(
     model: &Transformer,
     prompt: &[u32],

@@ -16,6 +16,10 @@ var<workgroup> idx: array<u32, 256>;
 // four elements per step, issued together, so the loads' latency overlaps (a lone workgroup
 // reducing a long row, as argmax over a vocabulary when decoding, waits on memory otherwise).
 fn run_stride() -> u32 { return p[6u + 2u * p[2] + 1u]; }
+// Elements r, r + WG, r + 2 WG and r + 3 WG of the run at `base` with stride `rs`.
+fn run4(base: u32, rs: u32, r: u32) -> vec4<f32> {
+    return vec4<f32>(ld1(base + r * rs), ld1(base + (r + WG) * rs), ld1(base + (r + 2u * WG) * rs), ld1(base + (r + 3u * WG) * rs));
+}
 
 // Whether (v2, i2) beats (v1, i1) for argmax: larger, NaN largest, first index on ties.
 fn better(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
@@ -40,14 +44,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let base = in_at(o, 0u);
             let rs = run_stride();
             for (; r + 3u * WG < nred; r += 4u * WG) {
-                let x0 = ld1(base + r * rs);
-                let x1 = ld1(base + (r + WG) * rs);
-                let x2 = ld1(base + (r + 2u * WG) * rs);
-                let x3 = ld1(base + (r + 3u * WG) * rs);
-                { let a = acc; let b = x0; acc = COMBINE; }
-                { let a = acc; let b = x1; acc = COMBINE; }
-                { let a = acc; let b = x2; acc = COMBINE; }
-                { let a = acc; let b = x3; acc = COMBINE; }
+                let x = run4(base, rs, r);
+                { let a = acc; let b = x.x; acc = COMBINE; }
+                { let a = acc; let b = x.y; acc = COMBINE; }
+                { let a = acc; let b = x.z; acc = COMBINE; }
+                { let a = acc; let b = x.w; acc = COMBINE; }
             }
         }
         for (; r < nred; r += WG) {
@@ -104,14 +105,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let base = in_at(o, 0u);
             let rs = run_stride();
             for (; r + 3u * WG < nred; r += 4u * WG) {
-                let x0 = ld1(base + r * rs);
-                let x1 = ld1(base + (r + WG) * rs);
-                let x2 = ld1(base + (r + 2u * WG) * rs);
-                let x3 = ld1(base + (r + 3u * WG) * rs);
-                if (better(bv, bi, x0, r)) { bv = x0; bi = r; }
-                if (better(bv, bi, x1, r + WG)) { bv = x1; bi = r + WG; }
-                if (better(bv, bi, x2, r + 2u * WG)) { bv = x2; bi = r + 2u * WG; }
-                if (better(bv, bi, x3, r + 3u * WG)) { bv = x3; bi = r + 3u * WG; }
+                let x = run4(base, rs, r);
+                if (better(bv, bi, x.x, r)) { bv = x.x; bi = r; }
+                if (better(bv, bi, x.y, r + WG)) { bv = x.y; bi = r + WG; }
+                if (better(bv, bi, x.z, r + 2u * WG)) { bv = x.z; bi = r + 2u * WG; }
+                if (better(bv, bi, x.w, r + 3u * WG)) { bv = x.w; bi = r + 3u * WG; }
             }
         }
         for (; r < nred; r += WG) {

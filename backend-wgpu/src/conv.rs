@@ -173,6 +173,7 @@ pub(crate) fn launch(
                     &Op::Fill { dtype: out.dtype },
                     &[t(out, &out_l)],
                     &[0.0],
+                    0,
                 );
             }
             for img in 0..n {

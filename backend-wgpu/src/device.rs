@@ -14,7 +14,9 @@ use tessera_core::{
 };
 
 use crate::buffer::{wgpu_buffer, Block, SharedPool, WgpuBuffer};
-use crate::{attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce};
+use crate::{
+    attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce, windows,
+};
 
 /// Bytes one launch's parameter block may take: the size of the dynamic-offset binding.
 pub(crate) const PARAM_BLOCK: u64 = 1024;
@@ -373,15 +375,35 @@ impl Core {
         Ok(p)
     }
 
-    /// The binding window of a tensor and its element offset inside that window.
-    pub(crate) fn view<'a>(&self, t: &TensorRef<'a>) -> Result<(Bind<'a>, u32)> {
+    /// The bytes of `t`'s buffer that a binding of `t` spans: from its first element, aligned
+    /// down to the adapter's offset alignment, to its last, rounded up to a word.
+    fn window(&self, t: &TensorRef<'_>) -> Result<(u64, u64)> {
         let buf = wgpu_buffer(t.buffer)?;
         let size = t.dtype.size() as u64;
         let start = t.layout.offset as u64 * size;
         let aligned = start - start % self.align;
         let end =
             ((t.layout.extent() as u64 * size).max(start + 4).div_ceil(4) * 4).min(buf.capacity());
-        let window = end.saturating_sub(aligned).max(4);
+        Ok((aligned, end.saturating_sub(aligned).max(4)))
+    }
+
+    /// Bytes a binding of `t` spans (`u64::MAX` for a buffer of another backend).
+    pub(crate) fn binding_bytes(&self, t: &TensorRef<'_>) -> u64 {
+        self.window(t).map_or(u64::MAX, |(_, window)| window)
+    }
+
+    /// Whether every tensor of `tensors` fits one binding, so an op over them runs in one
+    /// launch.
+    pub(crate) fn fits(&self, tensors: &[TensorRef<'_>]) -> bool {
+        tensors
+            .iter()
+            .all(|t| self.binding_bytes(t) <= self.max_binding)
+    }
+
+    /// The binding window of a tensor and its element offset inside that window.
+    pub(crate) fn view<'a>(&self, t: &TensorRef<'a>) -> Result<(Bind<'a>, u32)> {
+        let buf = wgpu_buffer(t.buffer)?;
+        let (aligned, window) = self.window(t)?;
         if window > self.max_binding || aligned + window > buf.capacity() {
             return Err(Error::unsupported(
                 "wgpu",
@@ -391,6 +413,8 @@ impl Core {
                 ),
             ));
         }
+        let size = t.dtype.size() as u64;
+        let start = t.layout.offset as u64 * size;
         let offset = u32::try_from((start - aligned) / size)
             .map_err(|_| Error::unsupported("wgpu", "views past 2^32 elements"))?;
         Ok((
@@ -409,6 +433,11 @@ impl Core {
         let x = groups.clamp(1, self.max_groups);
         let y = groups.div_ceil(x).clamp(1, self.max_groups);
         [x as u32, y as u32, 1]
+    }
+
+    /// The alignment of a binding's start, in bytes.
+    pub(crate) fn align(&self) -> u64 {
+        self.align
     }
 
     /// The most bytes one storage binding may span.
@@ -769,8 +798,33 @@ fn tensor_cores(adapter: &wgpu::Adapter) -> bool {
 impl WgpuDevice {
     /// Opens `adapter` with every limit it offers.
     pub fn open(adapter: wgpu::Adapter, ordinal: usize) -> Result<Self> {
+        Self::open_limited(adapter, ordinal, u64::MAX)
+    }
+
+    /// Opens adapter `ordinal` (the `N` of `wgpu:N`) binding at most `max_binding_bytes` of a
+    /// buffer per storage binding (rounded down to the adapter's offset alignment, at least 16
+    /// alignments), below the adapter's own limit where that is larger. Tensors past it run
+    /// over windows, as they do past the adapter's limit, so small tensors can exercise those
+    /// paths.
+    pub fn open_with_max_binding(ordinal: usize, max_binding_bytes: u64) -> Result<Self> {
+        let adapter = adapters()
+            .into_iter()
+            .nth(ordinal)
+            .ok_or_else(|| Error::Device {
+                name: format!("wgpu:{ordinal}"),
+                detail: "no such wgpu adapter".into(),
+            })?;
+        Self::open_limited(adapter, ordinal, max_binding_bytes)
+    }
+
+    fn open_limited(adapter: wgpu::Adapter, ordinal: usize, max_binding: u64) -> Result<Self> {
         let ainfo = adapter.get_info();
         let limits = adapter.limits();
+        let align = u64::from(limits.min_storage_buffer_offset_alignment.max(4));
+        let max_binding = max_binding
+            .max(16 * align)
+            .min(limits.max_storage_buffer_binding_size);
+        let max_binding = max_binding - max_binding % align;
         let setup = lock(&VULKAN_SETUP);
         let offered = adapter.features();
         let timestamps = offered.contains(wgpu::Features::TIMESTAMP_QUERY);
@@ -830,8 +884,7 @@ impl WgpuDevice {
             },
             limits: Limits {
                 max_buffer_bytes: usize::try_from(limits.max_buffer_size).unwrap_or(usize::MAX),
-                max_binding_bytes: usize::try_from(limits.max_storage_buffer_binding_size)
-                    .unwrap_or(usize::MAX),
+                max_binding_bytes: usize::try_from(max_binding).unwrap_or(usize::MAX),
                 max_workgroup_size: limits.max_compute_invocations_per_workgroup as usize,
                 max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension as usize,
             },
@@ -859,8 +912,8 @@ impl WgpuDevice {
         });
         let core = Core {
             param_layout,
-            align: u64::from(limits.min_storage_buffer_offset_alignment.max(4)),
-            max_binding: limits.max_storage_buffer_binding_size,
+            align,
+            max_binding,
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
             workgroup_memory: limits.max_compute_workgroup_storage_size as usize,
             coop_f16,
@@ -1159,42 +1212,52 @@ impl Kernel for WgpuKernel {
                 format!("{} on tensors past 2^32 elements", self.op.name()),
             ));
         }
-        let (op, i, o, s) = (&self.op, inputs, outputs, scalars);
-        use Op::*;
-        match op {
-            Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
-                random::launch(&core, op, o, s)
-            }
-            Cast { .. }
-            | Copy
-            | Unary(_)
-            | UnaryBackward(_)
-            | Binary(_)
-            | Compare(_)
-            | Where
-            | SwiGlu
-            | SwiGluBackward => elementwise::launch(&core, op, i, o, s),
-            Reduce { .. }
-            | ArgMax { .. }
-            | Softmax
-            | LogSoftmax
-            | SoftmaxBackward
-            | LogSoftmaxBackward => reduce::launch(&core, op, i, o),
-            Matmul { .. } => matmul::launch(&core, op, i, o),
-            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
-                movement::launch(&core, op, i, o)
-            }
-            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
-                norm::launch(&core, op, i, o, s)
-            }
-            Rotary | Attention { .. } | AttentionBackward { .. } => {
-                attention::launch(&core, op, i, o, s)
-            }
-            CrossEntropy | CrossEntropyBackward => loss::launch(&core, op, i, o),
-            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => optim::launch(&core, op, i, o, s),
-            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
-                conv::launch(&core, op, i, o)
-            }
+        windows::launch(&core, &self.op, inputs, outputs, scalars)
+    }
+}
+
+/// Runs `op` by its family's kernels, every operand bound whole.
+pub(crate) fn launch_family(
+    core: &Core,
+    op: &Op,
+    i: &[TensorRef<'_>],
+    o: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    use Op::*;
+    match op {
+        Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
+            random::launch(core, op, o, s, 0)
+        }
+        Cast { .. }
+        | Copy
+        | Unary(_)
+        | UnaryBackward(_)
+        | Binary(_)
+        | Compare(_)
+        | Where
+        | SwiGlu
+        | SwiGluBackward => elementwise::launch(core, op, i, o, s),
+        Reduce { .. }
+        | ArgMax { .. }
+        | Softmax
+        | LogSoftmax
+        | SoftmaxBackward
+        | LogSoftmaxBackward => reduce::launch(core, op, i, o),
+        Matmul { .. } => matmul::launch(core, op, i, o),
+        Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
+            movement::launch(core, op, i, o)
+        }
+        LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
+            norm::launch(core, op, i, o, s)
+        }
+        Rotary | Attention { .. } | AttentionBackward { .. } => {
+            attention::launch(core, op, i, o, s)
+        }
+        CrossEntropy | CrossEntropyBackward => loss::launch(core, op, i, o),
+        AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => optim::launch(core, op, i, o, s),
+        Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
+            conv::launch(core, op, i, o)
         }
     }
 }

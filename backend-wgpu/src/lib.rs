@@ -27,6 +27,7 @@
 //! - Data is f32, f16 (where the adapter has `SHADER_F16`) or bf16 (16 bits packed in `u32`
 //!   words), with i32/u32 indices and bool masks; arithmetic is f32 and 16-bit results round
 //!   once, to nearest even, when stored.
+//! - Tensors larger than one storage binding run over windows that fit (`windows.rs`).
 //! - With `Device::set_profiling(true)` every dispatch's pass writes GPU timestamps
 //!   (`TIMESTAMP_QUERY`), summed per kernel for `Device::profile` (`tessera bench --profile`).
 
@@ -43,10 +44,11 @@ mod optim;
 mod random;
 mod reduce;
 mod shader;
+mod windows;
 
 use std::sync::Arc;
 
-use tessera_core::{BackendEntry, Device, Error, Result};
+use tessera_core::{BackendEntry, Device, Result};
 
 pub use buffer::WgpuBuffer;
 pub use device::WgpuDevice;
@@ -59,14 +61,10 @@ fn probe() -> Vec<String> {
 }
 
 fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
-    let adapter = device::adapters()
-        .into_iter()
-        .nth(ordinal)
-        .ok_or_else(|| Error::Device {
-            name: format!("wgpu:{ordinal}"),
-            detail: "no such wgpu adapter".into(),
-        })?;
-    Ok(Arc::new(WgpuDevice::open(adapter, ordinal)?))
+    Ok(Arc::new(WgpuDevice::open_with_max_binding(
+        ordinal,
+        u64::MAX,
+    )?))
 }
 
 tessera_core::inventory::submit! {

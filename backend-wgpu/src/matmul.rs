@@ -11,6 +11,7 @@ use tessera_core::{DType, Layout, Op, Result, TensorRef, UnaryOp};
 
 use crate::device::Core;
 use crate::shader::{groups_for, key, run, run_grid, unsupported, Params};
+use crate::{elementwise, windows};
 
 const SRC: &str = include_str!("kernels/matmul.wgsl");
 
@@ -84,20 +85,64 @@ fn coop_staging_code() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The code that finishes each output value `v` after the products: bias, activation,
+/// residual, and the store into the output binding.
+struct Epilogue {
+    code: String,
+    store: String,
+    /// Bindings (from 1) of the bias and the residual.
+    bias_at: Option<usize>,
+    res_at: Option<usize>,
+}
+
+impl Epilogue {
+    fn of(op: &Op) -> Result<Epilogue> {
+        let Op::Matmul {
+            bias,
+            activation,
+            residual,
+        } = op
+        else {
+            return Err(unsupported(op));
+        };
+        let mut code = String::new();
+        let mut next = 3;
+        let bias_at = bias.then(|| {
+            next += 1;
+            next - 1
+        });
+        let res_at = residual.then(|| {
+            next += 1;
+            next - 1
+        });
+        if let Some(i) = bias_at {
+            code += &format!("v += ld{i}(p[11] + gn * p[12]);\n");
+        }
+        match activation {
+            Some(UnaryOp::Relu) => code += "v = relu(v);\n",
+            Some(UnaryOp::Gelu) => code += "v = gelu(v);\n",
+            Some(UnaryOp::Silu) => code += "v = silu(v);\n",
+            Some(_) => return Err(unsupported(op)),
+            None => {}
+        }
+        if let Some(i) = res_at {
+            code += &format!("v += ld{i}(r_base + gm * p[14] + gn * p[15]);\n");
+        }
+        Ok(Epilogue {
+            code,
+            store: format!("st{next}"),
+            bias_at,
+            res_at,
+        })
+    }
+}
+
 pub(crate) fn launch(
     core: &Core,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
-    let Op::Matmul {
-        bias,
-        activation,
-        residual,
-    } = op
-    else {
-        return Err(unsupported(op));
-    };
     let (a, b) = (&inputs[0], &inputs[1]);
     let r = a.layout.rank();
     let (m, k, n) = (
@@ -106,35 +151,18 @@ pub(crate) fn launch(
         b.layout.shape[r - 1],
     );
     let batch: usize = a.layout.shape[..r - 2].iter().product();
-    let mut epilogue = String::new();
-    let mut next = 3;
-    let bias_at = (*bias).then(|| {
-        next += 1;
-        next - 1
-    });
-    let res_at = (*residual).then(|| {
-        next += 1;
-        next - 1
-    });
-    if let Some(i) = bias_at {
-        epilogue += &format!("v += ld{i}(p[11] + gn * p[12]);\n");
-    }
-    match activation {
-        Some(UnaryOp::Relu) => epilogue += "v = relu(v);\n",
-        Some(UnaryOp::Gelu) => epilogue += "v = gelu(v);\n",
-        Some(UnaryOp::Silu) => epilogue += "v = silu(v);\n",
-        Some(_) => return Err(unsupported(op)),
-        None => {}
-    }
-    if let Some(i) = res_at {
-        epilogue += &format!("v += ld{i}(r_base + gm * p[14] + gn * p[15]);\n");
-    }
+    let Epilogue {
+        code: epilogue,
+        store,
+        bias_at,
+        res_at,
+    } = Epilogue::of(op)?;
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
     let (a_at, b_at) = (along(sa[r - 1] <= sa[r - 2]), along(sb[r - 2] <= sb[r - 1]));
     let mut subst = vec![
         ("EPILOGUE", epilogue),
-        ("STORE", format!("st{next}")),
+        ("STORE", store),
         ("A_AT", a_at.to_string()),
         ("B_AT", b_at.to_string()),
     ];
@@ -251,19 +279,281 @@ fn launch_split(
         ],
         |o, p| parts.params(o, p),
     )?;
-    let mut finish = inputs.to_vec();
-    finish[0] = sums;
+    sum_splits(core, op, &subst[..2], problem, sums, outputs)
+}
+
+/// The `sum_splits` kernel: adds each output's `problem.splits` partial sums from `sums`
+/// (f32, laid out `[batch, splits, M, N]`) in order and finishes them with the epilogue in
+/// `finish` (its `EPILOGUE` and `STORE`).
+fn sum_splits(
+    core: &Core,
+    op: &Op,
+    finish: &[(&'static str, String)],
+    problem: &Problem<'_>,
+    sums: TensorRef<'_>,
+    outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    let inputs = problem.inputs;
+    // `b` is bound but not read: one element of it, so that a `b` past one binding binds.
+    let b = &inputs[1];
+    let corner = Layout {
+        shape: vec![1; b.layout.rank()],
+        strides: b.layout.strides.clone(),
+        offset: b.layout.offset,
+    };
+    let mut bound = inputs.to_vec();
+    bound[0] = sums;
+    bound[1] = TensorRef {
+        buffer: b.buffer,
+        layout: &corner,
+        dtype: b.dtype,
+    };
     run(
         core,
-        &key(op, &finish, outputs, "sum_splits"),
+        &key(op, &bound, outputs, "sum_splits"),
         SRC,
         "sum_splits",
-        &subst[..2],
-        &finish,
+        finish,
+        &bound,
         outputs,
         groups_for(problem.batch * problem.m * problem.n),
         |o, p| problem.params(o, p),
     )
+}
+
+/// A dimension of a matmul problem `[..., M, N] += [..., M, K] x [..., K, N]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dim {
+    Batch(usize),
+    M,
+    N,
+    K,
+}
+
+/// The part an operand plays in a matmul launch.
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    A,
+    B,
+    Bias,
+    Residual,
+    Out,
+}
+
+impl Role {
+    /// The role of operand `i` of inputs followed by the output.
+    fn of(i: usize, epilogue: &Epilogue, operands: usize) -> Role {
+        match i {
+            0 => Role::A,
+            1 => Role::B,
+            _ if i + 1 == operands => Role::Out,
+            _ if epilogue.bias_at == Some(i + 1) => Role::Bias,
+            _ => Role::Residual,
+        }
+    }
+
+    /// The axis of an operand of this role (of rank `r`, the bias of rank 1) along `dim`.
+    fn axis(self, dim: Dim, r: usize) -> Option<usize> {
+        match (self, dim) {
+            (Role::Bias, Dim::N) => Some(0),
+            (Role::Bias, _) => None,
+            (_, Dim::Batch(j)) => Some(j),
+            (Role::A | Role::Residual | Role::Out, Dim::M) => Some(r - 2),
+            (Role::B | Role::Residual | Role::Out, Dim::N) => Some(r - 1),
+            (Role::A, Dim::K) => Some(r - 1),
+            (Role::B, Dim::K) => Some(r - 2),
+            _ => None,
+        }
+    }
+}
+
+/// A matmul with an operand larger than one binding. The operand with the widest binding is
+/// narrowed along the dimension it reaches furthest in: batch, rows or columns are halved
+/// and each half runs the same way; along K the problem splits into parts whose partial sums
+/// (f32) `sum_splits` adds in order with the epilogue, as the split-K launch does. A part
+/// whose output is no longer row-major (columns of a wider output) is computed into scratch
+/// and copied into place.
+pub(crate) fn launch_windows(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    let all: Vec<TensorRef<'_>> = inputs.iter().chain(outputs).cloned().collect();
+    if core.fits(&all) {
+        return launch_part(core, op, inputs, outputs);
+    }
+    let epilogue = Epilogue::of(op)?;
+    let out = &outputs[0].layout;
+    let r = out.rank();
+    let widest = (0..all.len())
+        .max_by_key(|&i| core.binding_bytes(&all[i]))
+        .unwrap_or(0);
+    let role = Role::of(widest, &epilogue, all.len());
+    let layout = all[widest].layout;
+    let reach = |dim: Dim| {
+        role.axis(dim, r).map_or(0, |ax| {
+            layout.strides[ax] * layout.shape[ax].saturating_sub(1)
+        })
+    };
+    let dims = (0..r - 2).map(Dim::Batch).chain([Dim::M, Dim::N, Dim::K]);
+    let Some(dim) = dims.filter(|&d| reach(d) > 0).max_by_key(|&d| reach(d)) else {
+        return Err(windows::too_large(core, op, inputs, outputs));
+    };
+    let first_batch = out.shape[..r - 2].iter().position(|&b| b > 1);
+    let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
+    let dim = match (dim, first_batch) {
+        // K parts are summed per output, so the batch is split first, and the rows or
+        // columns while the parts' partial sums would not fit one binding.
+        (Dim::K, Some(j)) => Dim::Batch(j),
+        (Dim::K, None) => {
+            let kc = k_part(core, inputs);
+            let k = inputs[0].layout.shape[r - 1];
+            let partial_bytes = 4 * k.div_ceil(kc) as u64 * (m * n) as u64;
+            match (partial_bytes <= core.max_binding(), m > 1, n > 1) {
+                (true, _, _) => {
+                    return split_k_windows(core, op, &epilogue, inputs, outputs, kc);
+                }
+                (false, true, _) => Dim::M,
+                (false, false, true) => Dim::N,
+                _ => return Err(windows::too_large(core, op, inputs, outputs)),
+            }
+        }
+        (other, _) => other,
+    };
+    let size = match dim {
+        Dim::Batch(j) => out.shape[j],
+        Dim::M => out.shape[r - 2],
+        _ => out.shape[r - 1],
+    };
+    let half = size / 2;
+    for (start, len) in [(0, half), (half, size - half)] {
+        let layouts: Vec<Layout> = all
+            .iter()
+            .enumerate()
+            .map(
+                |(i, t)| match Role::of(i, &epilogue, all.len()).axis(dim, r) {
+                    Some(ax) => t.layout.narrow(ax, start, len),
+                    None => t.layout.clone(),
+                },
+            )
+            .collect();
+        let parts = windows::with_layouts(&all, &layouts);
+        let (i, o) = parts.split_at(inputs.len());
+        launch_windows(core, op, i, o)?;
+    }
+    Ok(())
+}
+
+/// One part that fits: launched directly, or into scratch and copied where its output is
+/// not row-major.
+fn launch_part(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    let out = &outputs[0];
+    if out.layout.is_contiguous() {
+        return launch(core, op, inputs, outputs);
+    }
+    let bytes = (out.layout.numel() * out.dtype.size()).div_ceil(4) * 4;
+    let scratch = core.scratch(bytes)?;
+    let layout = Layout::contiguous(&out.layout.shape);
+    let dense = TensorRef {
+        buffer: &scratch,
+        layout: &layout,
+        dtype: out.dtype,
+    };
+    launch(core, op, inputs, std::slice::from_ref(&dense))?;
+    elementwise::launch(core, &Op::Copy, &[dense], outputs, &[])
+}
+
+/// The K of each part when a matmul of batch 1 splits along K: halved until both operands
+/// fit, or until what is left to shrink lies along other dimensions (which the parts split
+/// themselves).
+fn k_part(core: &Core, inputs: &[TensorRef<'_>]) -> usize {
+    let (a, b) = (&inputs[0].layout, &inputs[1].layout);
+    let r = a.rank();
+    let k = a.shape[r - 1];
+    let step_bytes = (a.strides[r - 1].max(b.strides[r - 2]) * inputs[0].dtype.size()) as u64;
+    let mut kc = k;
+    while kc > 1 && step_bytes * (kc as u64 - 1) > core.max_binding() / 4 {
+        let parts = [a.narrow(r - 1, 0, kc), b.narrow(r - 2, 0, kc)];
+        if core.fits(&windows::with_layouts(&inputs[..2], &parts)) {
+            break;
+        }
+        kc = kc.div_ceil(2);
+    }
+    kc
+}
+
+/// A matmul of batch 1 in parts of `kc` along K, their f32 partial sums added in order by
+/// `sum_splits`, which applies the epilogue.
+fn split_k_windows(
+    core: &Core,
+    op: &Op,
+    epilogue: &Epilogue,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    kc: usize,
+) -> Result<()> {
+    let (a, b, out) = (&inputs[0], &inputs[1], &outputs[0]);
+    let r = a.layout.rank();
+    let (m, k, n) = (
+        a.layout.shape[r - 2],
+        a.layout.shape[r - 1],
+        out.layout.shape[r - 1],
+    );
+    let parts = |first: usize| {
+        let len = kc.min(k - first);
+        (
+            a.layout.narrow(r - 1, first, len),
+            b.layout.narrow(r - 2, first, len),
+        )
+    };
+    let splits = k.div_ceil(kc);
+    let partials = core.scratch(4 * splits * m * n)?;
+    let plain = Op::Matmul {
+        bias: false,
+        activation: None,
+        residual: false,
+    };
+    for s in 0..splits {
+        let (la, lb) = parts(s * kc);
+        let narrowed = [la, lb];
+        let mut slot = Layout::contiguous(&out.layout.shape);
+        slot.offset = s * m * n;
+        let sums = TensorRef {
+            buffer: &partials,
+            layout: &slot,
+            dtype: DType::F32,
+        };
+        let ab = windows::with_layouts(&inputs[..2], &narrowed);
+        launch_windows(core, &plain, &ab, std::slice::from_ref(&sums))?;
+    }
+    let all_sums = Layout::contiguous(&[splits * m * n]);
+    let sums = TensorRef {
+        buffer: &partials,
+        layout: &all_sums,
+        dtype: DType::F32,
+    };
+    let finish = [
+        ("EPILOGUE", epilogue.code.clone()),
+        ("STORE", epilogue.store.clone()),
+    ];
+    let problem = Problem {
+        inputs,
+        m,
+        n,
+        k,
+        batch: 1,
+        bias_at: epilogue.bias_at,
+        res_at: epilogue.res_at,
+        splits,
+        k_per_split: kc,
+    };
+    sum_splits(core, op, &finish, &problem, sums, outputs)
 }
 
 /// One matmul launch's sizes and operands, which its parameters are made from.

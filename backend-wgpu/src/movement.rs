@@ -8,9 +8,34 @@ use tessera_core::{contiguous_strides, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::shader::{groups_for, key, run, unsupported};
-use crate::{elementwise, random};
+use crate::{elementwise, random, windows};
 
 const SRC: &str = include_str!("kernels/movement.wgsl");
+
+/// Ranges `(first, count)` of `rows` rows of `row_bytes` bytes each (an embedding table, the
+/// gradients of positions; row-major) that each fit one binding: all rows where they fit.
+fn row_windows(core: &Core, rows: usize, row_bytes: usize) -> Vec<(usize, usize)> {
+    let room = core.max_binding().saturating_sub(core.align());
+    let row_bytes = row_bytes.max(1) as u64;
+    let per = if rows as u64 * row_bytes <= room {
+        rows.max(1)
+    } else {
+        (room / row_bytes).max(1) as usize
+    };
+    (0..rows.max(1))
+        .step_by(per)
+        .map(|first| (first, per.min(rows - first)))
+        .collect()
+}
+
+/// `t` with another layout.
+fn with_layout<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
+    TensorRef {
+        buffer: t.buffer,
+        layout,
+        dtype: t.dtype,
+    }
+}
 
 pub(crate) fn launch(
     core: &Core,
@@ -44,62 +69,119 @@ pub(crate) fn launch(
             Ok(())
         }
         Op::Embedding => {
-            let (v, d) = (inputs[0].layout.shape[0], inputs[0].layout.shape[1]);
-            run(
-                core,
-                &k("embedding"),
-                SRC,
-                "embedding",
-                &[],
-                inputs,
-                outputs,
-                groups_for(n),
-                |o, p| {
-                    p.u(n).u(d.max(1)).u(v).u(0).all(o);
-                },
-            )
+            let table = &inputs[0];
+            let (v, d) = (table.layout.shape[0], table.layout.shape[1]);
+            for (first, rows) in row_windows(core, v, d * table.dtype.size()) {
+                let window = table.layout.narrow(0, first, rows);
+                let ins = [with_layout(table, &window), inputs[1].clone()];
+                run(
+                    core,
+                    &k("embedding"),
+                    SRC,
+                    "embedding",
+                    &[],
+                    &ins,
+                    outputs,
+                    groups_for(n),
+                    |o, p| {
+                        p.u(n).u(d.max(1)).u(rows).u(first).all(o).u(v);
+                    },
+                )?;
+            }
+            Ok(())
         }
         Op::EmbeddingBackward => {
-            let (v, d) = (out.layout.shape[0], out.layout.shape[1]);
-            random::launch(core, &Op::Fill { dtype: out.dtype }, outputs, &[0.0])?;
-            let ids = &inputs[0];
+            let (ids, d) = (&inputs[0], out.layout.shape[1]);
             let positions = ids.layout.numel();
-            let scratch = core.scratch(positions * 8)?;
-            let layout = Layout::contiguous(&[2 * positions]);
-            let links = TensorRef {
-                buffer: &scratch,
-                layout: &layout,
-                dtype: DType::U32,
+            let ids_flat = windows::flat(ids.layout);
+            let dy_rows = Layout {
+                shape: vec![positions, d],
+                strides: vec![d, 1],
+                offset: inputs[1].layout.offset,
             };
-            let links = std::slice::from_ref(&links);
-            run(
-                core,
-                &key(op, std::slice::from_ref(ids), links, "embedding_links"),
-                SRC,
-                "embedding_links",
-                &[],
-                std::slice::from_ref(ids),
-                links,
-                groups_for(positions),
-                |o, p| {
-                    p.u(positions).u(0).u(0).u(0).all(o);
-                },
-            )?;
-            let with_links: Vec<TensorRef<'_>> = outputs.iter().chain(links).cloned().collect();
-            let m = inputs[1].layout.numel();
-            run(
-                core,
-                &key(op, inputs, &with_links, "embedding_backward"),
-                SRC,
-                "embedding_backward",
-                &[],
-                inputs,
-                &with_links,
-                groups_for(m),
-                |o, p| {
-                    p.u(m).u(d.max(1)).u(v).u(0).all(o);
-                },
-            )
+            let dy = with_layout(&inputs[1], &dy_rows);
+            let position_windows = row_windows(core, positions, d * dy.dtype.size());
+            // 16-bit gradients summed over several ranges of positions add up in f32 scratch,
+            // rounded once at the end.
+            let staged = position_windows.len() > 1 && out.dtype != DType::F32;
+            let sum_dtype = if staged { DType::F32 } else { out.dtype };
+            let v = out.layout.shape[0];
+            for (first, rows) in row_windows(core, v, d * sum_dtype.size()) {
+                let window = out.layout.narrow(0, first, rows);
+                let part = with_layout(out, &window);
+                let scratch = if staged {
+                    Some(core.scratch(rows * d * 4)?)
+                } else {
+                    None
+                };
+                let dense = Layout::contiguous(&[rows, d]);
+                let sums = match &scratch {
+                    Some(buffer) => TensorRef {
+                        buffer,
+                        layout: &dense,
+                        dtype: DType::F32,
+                    },
+                    None => part.clone(),
+                };
+                random::launch(
+                    core,
+                    &Op::Fill { dtype: sums.dtype },
+                    std::slice::from_ref(&sums),
+                    &[0.0],
+                    0,
+                )?;
+                for &(p0, count) in &position_windows {
+                    let (ids_part, dy_part) =
+                        (ids_flat.narrow(0, p0, count), dy_rows.narrow(0, p0, count));
+                    let ins = [with_layout(ids, &ids_part), with_layout(&dy, &dy_part)];
+                    let scratch = core.scratch(count * 8)?;
+                    let layout = Layout::contiguous(&[2 * count]);
+                    let links = TensorRef {
+                        buffer: &scratch,
+                        layout: &layout,
+                        dtype: DType::U32,
+                    };
+                    let links = std::slice::from_ref(&links);
+                    run(
+                        core,
+                        &key(op, &ins[..1], links, "embedding_links"),
+                        SRC,
+                        "embedding_links",
+                        &[],
+                        &ins[..1],
+                        links,
+                        groups_for(count),
+                        |o, p| {
+                            p.u(count).u(0).u(0).u(0).all(o);
+                        },
+                    )?;
+                    let with_links = [sums.clone(), links[0].clone()];
+                    let m = count * d;
+                    run(
+                        core,
+                        &key(op, &ins, &with_links, "embedding_backward"),
+                        SRC,
+                        "embedding_backward",
+                        &[],
+                        &ins,
+                        &with_links,
+                        groups_for(m),
+                        |o, p| {
+                            p.u(m).u(d.max(1)).u(rows).u(first).all(o);
+                        },
+                    )?;
+                }
+                if staged {
+                    elementwise::launch(
+                        core,
+                        &Op::Cast { to: out.dtype },
+                        std::slice::from_ref(&sums),
+                        std::slice::from_ref(&part),
+                        &[],
+                    )?;
+                }
+            }
+            Ok(())
         }
         Op::Gather { axis } => {
             let (x, idx) = (&inputs[0], &inputs[1]);

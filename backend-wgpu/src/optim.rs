@@ -5,6 +5,7 @@ use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::shader::{groups_for, key, run, unsupported};
+use crate::windows;
 
 const SRC: &str = include_str!("kernels/optim.wgsl");
 
@@ -110,33 +111,46 @@ pub(crate) fn launch(
                 layout: &layout,
                 dtype: DType::F32,
             };
+            // Tensors past one binding are summed over ranges of whole chunks, which give the
+            // same partial sums.
             let mut first = 0;
-            for (t, &c) in inputs.iter().zip(&chunks) {
+            for t in inputs {
                 let n = t.layout.numel();
-                let ins = std::slice::from_ref(t);
-                let outs = std::slice::from_ref(&partial);
-                run(
-                    core,
-                    &key(op, ins, outs, "squares"),
-                    SRC,
-                    "squares",
-                    &[],
-                    ins,
-                    outs,
-                    c as u64,
-                    |o, p| {
-                        p.u(n)
-                            .u(CHUNK)
-                            .u(first)
-                            .f(0.0)
-                            .f(0.0)
-                            .f(0.0)
-                            .f(0.0)
-                            .f(0.0)
-                            .all(o);
-                    },
-                )?;
-                first += c;
+                let part =
+                    (windows::flat_part(core, std::slice::from_ref(t)) / CHUNK).max(1) * CHUNK;
+                let whole = windows::flat(t.layout);
+                for start in (0..n).step_by(part) {
+                    let len = part.min(n - start);
+                    let range = whole.narrow(0, start, len);
+                    let ins = windows::with_layouts(
+                        std::slice::from_ref(t),
+                        std::slice::from_ref(&range),
+                    );
+                    let outs = std::slice::from_ref(&partial);
+                    let c = len.div_ceil(CHUNK);
+                    run(
+                        core,
+                        &key(op, &ins, outs, "squares"),
+                        SRC,
+                        "squares",
+                        &[],
+                        &ins,
+                        outs,
+                        c as u64,
+                        |o, p| {
+                            p.u(len)
+                                .u(CHUNK)
+                                .u(first)
+                                .f(0.0)
+                                .f(0.0)
+                                .f(0.0)
+                                .f(0.0)
+                                .f(0.0)
+                                .all(o);
+                        },
+                    )?;
+                    first += c;
+                }
             }
             let ins = std::slice::from_ref(&partial);
             run(

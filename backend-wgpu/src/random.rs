@@ -34,7 +34,15 @@ fn split(v: f64) -> (f64, f64) {
     (f64::from(hi), f64::from((v - f64::from(hi)) as f32))
 }
 
-pub(crate) fn launch(core: &Core, op: &Op, outputs: &[TensorRef<'_>], s: &[f64]) -> Result<()> {
+/// Runs `op` into `outputs[0]`, whose first element is element `first` of the whole output
+/// (windows of a tensor larger than one binding give the values a single launch would).
+pub(crate) fn launch(
+    core: &Core,
+    op: &Op,
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+    first: usize,
+) -> Result<()> {
     let out = &outputs[0];
     let n = out.layout.numel();
     let groups = groups_for(n);
@@ -71,7 +79,7 @@ pub(crate) fn launch(core: &Core, op: &Op, outputs: &[TensorRef<'_>], s: &[f64])
                     "let v = s + lo; let r = lo - (v - s); st1(p[1] + i, select(r, v, v != 0.0));"
                 }
                 _ => {
-                    let last = s[0] + s[1] * n.saturating_sub(1) as f64;
+                    let last = s[0] + s[1] * (first + n).saturating_sub(1) as f64;
                     if s[0].abs().max(last.abs()) >= 16_777_216.0 {
                         return Err(Error::unsupported(
                             "wgpu",
@@ -93,7 +101,7 @@ pub(crate) fn launch(core: &Core, op: &Op, outputs: &[TensorRef<'_>], s: &[f64])
                 outputs,
                 groups,
                 |o, p| {
-                    p.u(n).u(o[0]).f(a_hi).f(a_lo).f(d_hi).f(d_lo);
+                    p.u(n).u(o[0]).f(a_hi).f(a_lo).f(d_hi).f(d_lo).u(first);
                 },
             )
         }
@@ -120,7 +128,8 @@ pub(crate) fn launch(core: &Core, op: &Op, outputs: &[TensorRef<'_>], s: &[f64])
                         .w(s[2] as u32)
                         .w(s[3] as u32)
                         .f(s[4])
-                        .f(s[5]);
+                        .f(s[5])
+                        .u(first);
                 },
             )
         }

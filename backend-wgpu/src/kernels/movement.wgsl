@@ -5,7 +5,9 @@
 fn o(k: u32) -> u32 { return p[3u + k]; }
 
 // @kernel embedding
-// Bindings: 1 weight [V, D], 2 ids, 3 out. p[1] D, p[2] V.
+// Bindings: 1 rows p[3] .. p[3] + p[2] of the weight [V, D], 2 ids, 3 out. p[1] D, p[7] V.
+// Ids in those rows are looked up; ids outside [0, V) give zeros in the launch from row 0
+// (a table past one binding runs as one launch per range of rows).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p[0];
@@ -13,9 +15,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let step = group_count(nwg) * WG;
     for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
         let id = ldi2(o(2u) + e / d);
-        var v = 0.0;
-        if (id >= 0 && u32(id) < p[2]) { v = ld1(o(1u) + u32(id) * d + e % d); }
-        st3(o(3u) + e, v);
+        let r = id - i32(p[3]);
+        if (r >= 0 && u32(r) < p[2]) {
+            st3(o(3u) + e, ld1(o(1u) + u32(r) * d + e % d));
+        } else if (p[3] == 0u && (id < 0 || u32(id) >= p[7])) {
+            st3(o(3u) + e, 0.0);
+        }
     }
 }
 
@@ -56,9 +61,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel embedding_backward
-// Bindings: 1 ids [P], 2 dy [P, D], 3 dweight [V, D] (zeroed first), 4 links. A thread per
-// (position, column): the first position of each id sums the rows of its positions in order,
-// following the links. p[0] P * D, p[1] D, p[2] V.
+// Bindings: 1 ids [P], 2 dy [P, D], 3 rows p[3] .. p[3] + p[2] of dweight [V, D] (zeroed
+// first), 4 links. A thread per (position, column): the first position of each id in those
+// rows sums the rows of its positions in order, following the links, and adds the sum to
+// dweight (positions past one binding run as several launches, in order). p[0] P * D, p[1] D.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p[0];
@@ -68,11 +74,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
         let i = e / d;
         let c = e % d;
-        let id = ldi1(o(1u) + i);
-        if (id < 0 || u32(id) >= p[2] || ldn4(o(4u) + positions + i) == 0u) { continue; }
+        let r = ldi1(o(1u) + i) - i32(p[3]);
+        if (r < 0 || u32(r) >= p[2] || ldn4(o(4u) + positions + i) == 0u) { continue; }
         var s = 0.0;
         for (var j = i; j < positions; j = ldn4(o(4u) + j)) { s += ld2(o(2u) + j * d + c); }
-        st3(o(3u) + u32(id) * d + c, s);
+        let at = o(3u) + u32(r) * d + c;
+        st3(at, ld3(at) + s);
     }
 }
 

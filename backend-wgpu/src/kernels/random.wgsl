@@ -1,5 +1,6 @@
 // Creation and random ops over a row-major output, one thread per element.
-// Parameters: p[0] element count, p[1] output offset, p[2..] the op's values.
+// Parameters: p[0] element count, p[1] output offset, p[2..] the op's values, then (arange,
+// uniform, normal) the index of the output's first element in the whole tensor.
 
 // High and low words of a 32x32-bit product.
 fn mulhilo(a: u32, b: u32) -> vec2<u32> {
@@ -63,8 +64,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let d_hi = pf(4u);
     let d_lo = pf(5u);
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        let ih = f32(i & 0xfffff000u);
-        let il = f32(i & 0xfffu);
+        let g = p[6] + i;
+        let ih = f32(g & 0xfffff000u);
+        let il = f32(g & 0xfffu);
         let ph = ih * d_hi;
         let pe = fma(ih, d_hi, -ph);
         let qh = il * d_hi;
@@ -89,7 +91,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lo = pf(6u);
     let hi = pf(7u);
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        let w = philox(vec4<u32>(i, 0u, p[4], p[5]), key);
+        let w = philox(vec4<u32>(p[8] + i, 0u, p[4], p[5]), key);
         st1(p[1] + i, lo + (hi - lo) * (f32(w.x >> 8u) * 5.9604644775390625e-8));
     }
 }
@@ -103,7 +105,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let mean = pf(6u);
     let sd = pf(7u);
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        let w = philox(vec4<u32>(i, 0u, p[4], p[5]), key);
+        let w = philox(vec4<u32>(p[8] + i, 0u, p[4], p[5]), key);
         let u1 = f32((w.x >> 8u) + 1u) * 5.9604644775390625e-8;
         let u2 = f32(w.y >> 8u) * 5.9604644775390625e-8;
         st1(p[1] + i, mean + sd * sqrt(2.0 * neg_log_unit(u1)) * -cos(6.2831854820251465 * (u2 - 0.5)));

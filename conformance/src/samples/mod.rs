@@ -15,6 +15,7 @@ mod norm;
 mod optim;
 mod random;
 mod reduce;
+pub mod windows;
 
 use tessera::{DType, Layout, Op};
 
@@ -341,8 +342,16 @@ impl Sample {
     }
 }
 
-/// Every sample of one catalog op. The match is exhaustive on purpose: a new op needs samples.
+/// Every sample of one catalog op: its family's and the large ones of [`windows`].
 pub fn samples(op: &Op) -> Vec<Sample> {
+    let mut list = family_samples(op);
+    list.extend(windows::samples(op, windows::ROWS, windows::COLS));
+    list
+}
+
+/// The samples of one catalog op written for its family. The match is exhaustive on purpose:
+/// a new op needs samples.
+pub fn family_samples(op: &Op) -> Vec<Sample> {
     match op {
         Op::Fill { .. } | Op::Arange { .. } | Op::RandUniform { .. } | Op::RandNormal { .. } => {
             random::samples(op)

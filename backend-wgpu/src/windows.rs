@@ -1,0 +1,187 @@
+//! Ops over tensors larger than one storage binding (128 MiB on lavapipe).
+//!
+//! An op whose operands all fit runs as one launch. Otherwise it runs as several, each
+//! binding windows of its operands that fit, and every output element is still computed by
+//! the same code from the same inputs in the same order, so the results are those of one
+//! launch:
+//! - elementwise ops halve the outermost dimension longer than one until every operand of a
+//!   part fits (outputs stay row-major; a part is one launch);
+//! - creation, random and optimizer ops run over flat ranges of their row-major operands,
+//!   random values keeping their element's index in the whole tensor;
+//! - the squared norm, embedding and embedding backward, and matmul split their work
+//!   themselves (`optim.rs`, `movement.rs`, `matmul.rs`);
+//! - any other op returns `Unsupported`, naming the size it met.
+//!
+//! A part that cannot shrink (one element, or one row of a row-wise op, wider than a binding)
+//! is `Unsupported` too. An elementwise op whose input is a transposed view of a large tensor
+//! only shrinks that input's window once the output's leading dimensions are down to one, so
+//! it runs as many small launches: correct, slow, and rare (only views past a binding).
+
+use tessera_core::{Error, Layout, Op, Result, TensorRef};
+
+use crate::device::{launch_family, Core};
+use crate::{matmul, random};
+
+/// Launches `op`, over windows where an operand is larger than one binding.
+pub(crate) fn launch(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    use Op::*;
+    let fits = core.fits(inputs) && core.fits(outputs);
+    match op {
+        // These bind windows of their large operands themselves.
+        SquaredNorm | Embedding | EmbeddingBackward => launch_family(core, op, inputs, outputs, s),
+        _ if fits => launch_family(core, op, inputs, outputs, s),
+        Cast { .. }
+        | Copy
+        | Unary(_)
+        | UnaryBackward(_)
+        | Binary(_)
+        | Compare(_)
+        | Where
+        | SwiGlu
+        | SwiGluBackward => halve_leading(core, op, inputs, outputs, s),
+        Fill { .. }
+        | Arange { .. }
+        | RandUniform { .. }
+        | RandNormal { .. }
+        | AdamUpdate { .. }
+        | SgdUpdate { .. } => flat_ranges(core, op, inputs, outputs, s),
+        Matmul { .. } => matmul::launch_windows(core, op, inputs, outputs),
+        _ => Err(too_large(core, op, inputs, outputs)),
+    }
+}
+
+/// The error for an op whose operands cannot be bound in windows that fit.
+pub(crate) fn too_large(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> Error {
+    let largest = inputs
+        .iter()
+        .chain(outputs)
+        .map(|t| (core.binding_bytes(t), &t.layout.shape))
+        .max_by_key(|(bytes, _)| *bytes);
+    let detail = match largest {
+        Some((bytes, shape)) => format!(
+            "{} over a tensor of shape {shape:?} spanning {bytes} bytes (the adapter binds at \
+             most {} bytes at once, and this op does not run over windows of it)",
+            op.name(),
+            core.max_binding()
+        ),
+        None => op.name(),
+    };
+    Error::unsupported("wgpu", detail)
+}
+
+/// `tensors` with each layout replaced by the matching one of `layouts`.
+pub(crate) fn with_layouts<'a>(
+    tensors: &[TensorRef<'a>],
+    layouts: &'a [Layout],
+) -> Vec<TensorRef<'a>> {
+    tensors
+        .iter()
+        .zip(layouts)
+        .map(|(t, layout)| TensorRef {
+            buffer: t.buffer,
+            layout,
+            dtype: t.dtype,
+        })
+        .collect()
+}
+
+/// An elementwise op (every operand of the output's shape) in two halves of the outermost
+/// dimension longer than one, recursively, until each part fits.
+fn halve_leading(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    if core.fits(inputs) && core.fits(outputs) {
+        return launch_family(core, op, inputs, outputs, s);
+    }
+    let shape = &outputs[0].layout.shape;
+    let Some(dim) = shape.iter().position(|&n| n > 1) else {
+        return Err(too_large(core, op, inputs, outputs));
+    };
+    let half = shape[dim] / 2;
+    for (start, len) in [(0, half), (half, shape[dim] - half)] {
+        let narrow = |list: &[TensorRef<'_>]| -> Vec<Layout> {
+            list.iter()
+                .map(|t| t.layout.narrow(dim, start, len))
+                .collect()
+        };
+        let (li, lo) = (narrow(inputs), narrow(outputs));
+        halve_leading(
+            core,
+            op,
+            &with_layouts(inputs, &li),
+            &with_layouts(outputs, &lo),
+            s,
+        )?;
+    }
+    Ok(())
+}
+
+/// Elements per part of a flat range over `tensors` (row-major): as many as fit one binding
+/// for the widest dtype, a multiple of 1,024.
+pub(crate) fn flat_part(core: &Core, tensors: &[TensorRef<'_>]) -> usize {
+    let widest = tensors.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
+    let bytes = core.max_binding().saturating_sub(core.align()) as usize;
+    (bytes / widest / 1024).max(1) * 1024
+}
+
+/// A row-major layout as one dimension of its elements.
+pub(crate) fn flat(layout: &Layout) -> Layout {
+    Layout {
+        shape: vec![layout.numel()],
+        strides: vec![1],
+        offset: layout.offset,
+    }
+}
+
+/// Creation, random and optimizer ops over flat ranges that fit: row-major operands of the
+/// output's element count are narrowed, others (an optimizer's gradient scale) bound whole.
+fn flat_ranges(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let all: Vec<TensorRef<'_>> = inputs.iter().chain(outputs).cloned().collect();
+    if all.iter().any(|t| !t.layout.is_contiguous()) {
+        return Err(too_large(core, op, inputs, outputs));
+    }
+    let n = outputs[0].layout.numel();
+    let part = flat_part(core, &all);
+    let range = |list: &[TensorRef<'_>], first: usize, len: usize| -> Vec<Layout> {
+        list.iter()
+            .map(|t| match t.layout.numel() == n {
+                true => flat(t.layout).narrow(0, first, len),
+                false => t.layout.clone(),
+            })
+            .collect()
+    };
+    for first in (0..n).step_by(part) {
+        let len = part.min(n - first);
+        let (li, lo) = (range(inputs, first, len), range(outputs, first, len));
+        let (i, o) = (with_layouts(inputs, &li), with_layouts(outputs, &lo));
+        match op {
+            Op::Fill { .. }
+            | Op::Arange { .. }
+            | Op::RandUniform { .. }
+            | Op::RandNormal { .. } => random::launch(core, op, &o, s, first)?,
+            _ => launch_family(core, op, &i, &o, s)?,
+        }
+    }
+    Ok(())
+}

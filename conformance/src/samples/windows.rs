@@ -1,0 +1,149 @@
+//! Samples whose largest operands are `[rows, cols]` f32 tensors: past one storage binding
+//! (128 MiB on lavapipe) at [`ROWS`] x [`COLS`], so backends that bind buffers in windows run
+//! them over several. Each covers a way an op is split: broadcast operands, sub-word outputs
+//! (bf16), random values that keep their element's index, ids in different windows of an
+//! embedding table, and matmuls split along rows, columns and K.
+
+use tessera::rng::split_u64;
+use tessera::{DType, Op, UnaryOp};
+
+use super::{fixed, input, uniform, Gen, Sample, View};
+
+/// Rows and columns of the largest operands: 134,480,000 bytes in f32, just past 128 MiB.
+pub const ROWS: usize = 8200;
+pub const COLS: usize = 4100;
+
+/// The samples of `op`'s catalog entry whose largest operands are `[rows, cols]` (f32 only,
+/// no backward: their point is size).
+pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
+    let big = [rows, cols];
+    let ids = |values: Vec<f64>| fixed(&[values.len()], DType::I32, Gen::Values(values));
+    // Ids in the first and last rows, on both sides of the middle, repeated, and out of range.
+    let spread = || {
+        let r = rows as f64;
+        vec![
+            -1.0,
+            0.0,
+            r - 1.0,
+            (r / 2.0).floor(),
+            r,
+            3.0,
+            r - 1.0,
+            (r / 2.0).floor() + 1.0,
+        ]
+    };
+    let matmul = |bias: bool, activation: Option<UnaryOp>, residual: bool| Op::Matmul {
+        bias,
+        activation,
+        residual,
+    };
+    let samples = match op {
+        Op::Binary(tessera::BinaryOp::Add) => vec![Sample::new(
+            op.clone(),
+            format!("{big:?} + row"),
+            vec![
+                input(&big, uniform(-2.0, 2.0)),
+                input(&big, uniform(-2.0, 2.0)).view(View::Broadcast(vec![cols])),
+            ],
+        )],
+        Op::Cast { .. } => vec![Sample::new(
+            Op::Cast { to: DType::BF16 },
+            format!("to bf16 {big:?}"),
+            vec![input(&big, uniform(-3.0, 3.0))],
+        )],
+        Op::Fill { .. } => vec![Sample::new(op.clone(), format!("{big:?}"), vec![])
+            .scalars(&[1.25])
+            .out_shape(&big)
+            .retype()],
+        Op::RandNormal { .. } => {
+            let [k0, k1] = split_u64(0x5eed);
+            let [c0, c1] = split_u64(9);
+            vec![Sample::new(op.clone(), format!("{big:?}"), vec![])
+                .scalars(&[k0, k1, c0, c1, 0.5, 2.0])
+                .out_shape(&big)
+                .retype()]
+        }
+        Op::AdamUpdate { .. } => {
+            let (beta1, beta2): (f64, f64) = (0.9, 0.999);
+            let grad_scale = fixed(&[1], DType::F32, Gen::Values(vec![0.5]));
+            vec![Sample::new(
+                op.clone(),
+                format!("{big:?} in place"),
+                vec![
+                    input(&big, uniform(-1.0, 1.0)),
+                    input(&big, uniform(-1.0, 1.0)),
+                    input(&big, uniform(-0.1, 0.1)),
+                    input(&big, uniform(1e-4, 1e-2)),
+                    grad_scale,
+                ],
+            )
+            .scalars(&[
+                1e-2,
+                beta1,
+                beta2,
+                1e-8,
+                0.1,
+                1.0 - beta1.powi(2),
+                1.0 - beta2.powi(2),
+            ])
+            .in_place()]
+        }
+        Op::SquaredNorm => vec![Sample::new(
+            op.clone(),
+            format!("{big:?} and [5]"),
+            vec![
+                input(&big, uniform(-1.0, 1.0)),
+                input(&[5], uniform(-1.0, 1.0)),
+            ],
+        )
+        .reduce(rows * cols + 5)],
+        Op::Embedding => vec![Sample::new(
+            op.clone(),
+            format!("table {big:?}"),
+            vec![input(&big, uniform(-1.0, 1.0)), ids(spread())],
+        )],
+        Op::EmbeddingBackward => vec![Sample::new(
+            op.clone(),
+            format!("V {rows} dy [8, {cols}]"),
+            vec![ids(spread()), input(&[8, cols], uniform(-1.0, 1.0))],
+        )
+        .out_shape(&big)
+        .reduce(2)],
+        Op::Matmul { .. } => vec![
+            // Decoding's LM head: `b` a transposed table, split along columns.
+            Sample::new(
+                matmul(false, None, false),
+                format!("[1, 3, {cols}] x table^T"),
+                vec![
+                    input(&[1, 3, cols], uniform(-1.0, 1.0)),
+                    input(&[1, cols, rows], uniform(-1.0, 1.0)).view(View::Permuted(vec![0, 2, 1])),
+                ],
+            )
+            .reduce(cols),
+            // The input gradient through it: split along K, with every epilogue.
+            Sample::new(
+                matmul(true, Some(UnaryOp::Gelu), true),
+                format!("[3, {rows}] x table bias gelu residual"),
+                vec![
+                    input(&[3, rows], uniform(-1.0, 1.0)),
+                    input(&big, uniform(-1.0, 1.0)),
+                    input(&[cols], uniform(-1.0, 1.0)),
+                    input(&[3, cols], uniform(-1.0, 1.0)),
+                ],
+            )
+            .reduce(rows),
+            // The weight gradient: a large output, split along rows.
+            Sample::new(
+                matmul(false, None, false),
+                format!("[{rows}, 8] x [8, {cols}]"),
+                vec![
+                    input(&[rows, 8], uniform(-1.0, 1.0)),
+                    input(&[8, cols], uniform(-1.0, 1.0)),
+                ],
+            )
+            .reduce(8),
+        ],
+        _ => Vec::new(),
+    };
+    samples.into_iter().map(Sample::large).collect()
+}

@@ -57,7 +57,7 @@ pub(crate) fn launch(
                     layout: &layout,
                     dtype: out.dtype,
                 };
-                elementwise::launch(
+                windows::launch(
                     core,
                     &Op::Copy,
                     std::slice::from_ref(t),
@@ -69,24 +69,38 @@ pub(crate) fn launch(
             Ok(())
         }
         Op::Embedding => {
-            let table = &inputs[0];
+            let (table, ids) = (&inputs[0], &inputs[1]);
             let (v, d) = (table.layout.shape[0], table.layout.shape[1]);
+            let positions = ids.layout.numel();
+            let ids_flat = windows::flat(ids.layout);
+            let out_rows = Layout {
+                shape: vec![positions, d],
+                strides: vec![d, 1],
+                offset: out.layout.offset,
+            };
+            let position_windows = row_windows(core, positions, d * out.dtype.size());
             for (first, rows) in row_windows(core, v, d * table.dtype.size()) {
                 let window = table.layout.narrow(0, first, rows);
-                let ins = [with_layout(table, &window), inputs[1].clone()];
-                run(
-                    core,
-                    &k("embedding"),
-                    SRC,
-                    "embedding",
-                    &[],
-                    &ins,
-                    outputs,
-                    groups_for(n),
-                    |o, p| {
-                        p.u(n).u(d.max(1)).u(rows).u(first).all(o).u(v);
-                    },
-                )?;
+                for &(p0, count) in &position_windows {
+                    let (ids_part, out_part) =
+                        (ids_flat.narrow(0, p0, count), out_rows.narrow(0, p0, count));
+                    let ins = [with_layout(table, &window), with_layout(ids, &ids_part)];
+                    let outs = [with_layout(out, &out_part)];
+                    let m = count * d;
+                    run(
+                        core,
+                        &k("embedding"),
+                        SRC,
+                        "embedding",
+                        &[],
+                        &ins,
+                        &outs,
+                        groups_for(m),
+                        |o, p| {
+                            p.u(m).u(d.max(1)).u(rows).u(first).all(o).u(v);
+                        },
+                    )?;
+                }
             }
             Ok(())
         }

@@ -4,18 +4,17 @@
 //! binding windows of its operands that fit, and every output element is still computed by
 //! the same code from the same inputs in the same order, so the results are those of one
 //! launch:
-//! - elementwise ops halve the outermost dimension longer than one until every operand of a
-//!   part fits (outputs stay row-major; a part is one launch);
+//! - elementwise ops halve the dimension along which their widest operand reaches furthest
+//!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,
 //!   random values keeping their element's index in the whole tensor;
-//! - the squared norm, embedding and embedding backward, and matmul split their work
-//!   themselves (`optim.rs`, `movement.rs`, `matmul.rs`);
+//! - the squared norm, embedding and embedding backward (ranges of table rows and of
+//!   positions), concat (a copy per input) and matmul split their work themselves
+//!   (`optim.rs`, `movement.rs`, `matmul.rs`);
 //! - any other op returns `Unsupported`, naming the size it met.
 //!
-//! A part that cannot shrink (one element, or one row of a row-wise op, wider than a binding)
-//! is `Unsupported` too. An elementwise op whose input is a transposed view of a large tensor
-//! only shrinks that input's window once the output's leading dimensions are down to one, so
-//! it runs as many small launches: correct, slow, and rare (only views past a binding).
+//! A part that cannot shrink (one element, or one row of an embedding, wider than a binding)
+//! is `Unsupported` too.
 
 use tessera_core::{Error, Layout, Op, Result, TensorRef};
 
@@ -34,7 +33,9 @@ pub(crate) fn launch(
     let fits = core.fits(inputs) && core.fits(outputs);
     match op {
         // These bind windows of their large operands themselves.
-        SquaredNorm | Embedding | EmbeddingBackward => launch_family(core, op, inputs, outputs, s),
+        SquaredNorm | Embedding | EmbeddingBackward | Concat { .. } => {
+            launch_family(core, op, inputs, outputs, s)
+        }
         _ if fits => launch_family(core, op, inputs, outputs, s),
         Cast { .. }
         | Copy
@@ -44,7 +45,7 @@ pub(crate) fn launch(
         | Compare(_)
         | Where
         | SwiGlu
-        | SwiGluBackward => halve_leading(core, op, inputs, outputs, s),
+        | SwiGluBackward => halve(core, op, inputs, outputs, s),
         Fill { .. }
         | Arange { .. }
         | RandUniform { .. }
@@ -96,9 +97,10 @@ pub(crate) fn with_layouts<'a>(
         .collect()
 }
 
-/// An elementwise op (every operand of the output's shape) in two halves of the outermost
-/// dimension longer than one, recursively, until each part fits.
-fn halve_leading(
+/// An elementwise op (every operand of the output's shape, outputs written through their
+/// strides too) in two halves of the dimension along which the operand with the widest binding
+/// reaches furthest, recursively, until each part fits.
+fn halve(
     core: &Core,
     op: &Op,
     inputs: &[TensorRef<'_>],
@@ -108,19 +110,30 @@ fn halve_leading(
     if core.fits(inputs) && core.fits(outputs) {
         return launch_family(core, op, inputs, outputs, s);
     }
-    let shape = &outputs[0].layout.shape;
-    let Some(dim) = shape.iter().position(|&n| n > 1) else {
+    let widest = inputs
+        .iter()
+        .chain(outputs)
+        .max_by_key(|t| core.binding_bytes(t))
+        .map(|t| t.layout);
+    let reach = |l: &Layout, d: usize| l.strides[d] * l.shape[d].saturating_sub(1);
+    let dim = widest.and_then(|l| {
+        (0..l.rank())
+            .filter(|&d| reach(l, d) > 0)
+            .max_by_key(|&d| (reach(l, d), std::cmp::Reverse(d)))
+    });
+    let Some(dim) = dim else {
         return Err(too_large(core, op, inputs, outputs));
     };
-    let half = shape[dim] / 2;
-    for (start, len) in [(0, half), (half, shape[dim] - half)] {
+    let size = outputs[0].layout.shape[dim];
+    let half = size / 2;
+    for (start, len) in [(0, half), (half, size - half)] {
         let narrow = |list: &[TensorRef<'_>]| -> Vec<Layout> {
             list.iter()
                 .map(|t| t.layout.narrow(dim, start, len))
                 .collect()
         };
         let (li, lo) = (narrow(inputs), narrow(outputs));
-        halve_leading(
+        halve(
             core,
             op,
             &with_layouts(inputs, &li),

@@ -38,6 +38,7 @@ fn windowed(op: &Op) -> bool {
             | AdamUpdate { .. }
             | SgdUpdate { .. }
             | SquaredNorm
+            | Concat { .. }
             | Embedding
             | EmbeddingBackward
             | Matmul { .. }

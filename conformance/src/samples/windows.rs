@@ -32,6 +32,17 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             (r / 2.0).floor() + 1.0,
         ]
     };
+    // One id per table row, drawn from a sixteenth of the rows (ids repeat), some out of range.
+    let many_ids = || {
+        fixed(
+            &[rows],
+            DType::I32,
+            Gen::Ints {
+                lo: -1,
+                hi: (rows / 16) as i64 + 1,
+            },
+        )
+    };
     let matmul = |bias: bool, activation: Option<UnaryOp>, residual: bool| Op::Matmul {
         bias,
         activation,
@@ -97,18 +108,35 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             ],
         )
         .reduce(rows * cols + 5)],
-        Op::Embedding => vec![Sample::new(
-            op.clone(),
-            format!("table {big:?}"),
-            vec![input(&big, uniform(-1.0, 1.0)), ids(spread())],
-        )],
-        Op::EmbeddingBackward => vec![Sample::new(
-            op.clone(),
-            format!("V {rows} dy [8, {cols}]"),
-            vec![ids(spread()), input(&[8, cols], uniform(-1.0, 1.0))],
-        )
-        .out_shape(&big)
-        .reduce(2)],
+        Op::Embedding => vec![
+            Sample::new(
+                op.clone(),
+                format!("table {big:?}"),
+                vec![input(&big, uniform(-1.0, 1.0)), ids(spread())],
+            ),
+            // As many positions as table rows: the output is as large as the table.
+            Sample::new(
+                op.clone(),
+                format!("table {big:?} ids [{rows}]"),
+                vec![input(&big, uniform(-1.0, 1.0)), many_ids()],
+            ),
+        ],
+        Op::EmbeddingBackward => vec![
+            Sample::new(
+                op.clone(),
+                format!("V {rows} dy [8, {cols}]"),
+                vec![ids(spread()), input(&[8, cols], uniform(-1.0, 1.0))],
+            )
+            .out_shape(&big)
+            .reduce(8),
+            Sample::new(
+                op.clone(),
+                format!("V {rows} dy [{rows}, {cols}]"),
+                vec![many_ids(), input(&big, uniform(-1.0, 1.0))],
+            )
+            .out_shape(&big)
+            .reduce(rows),
+        ],
         Op::Matmul { .. } => vec![
             // Decoding's LM head: `b` a transposed table, split along columns.
             Sample::new(

@@ -135,7 +135,7 @@ pub(crate) fn launch(
                         layout: &dense,
                         dtype: DType::F32,
                     },
-                    None => part.clone(),
+                    None => part,
                 };
                 random::launch(
                     core,
@@ -169,7 +169,7 @@ pub(crate) fn launch(
                             p.u(count).u(0).u(0).u(0).all(o);
                         },
                     )?;
-                    let with_links = [sums.clone(), links[0].clone()];
+                    let with_links = [sums, links[0]];
                     let m = count * d;
                     run(
                         core,

@@ -74,7 +74,9 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
                 .out_shape(&big)
                 .retype()]
         }
-        Op::AdamUpdate { .. } => {
+        Op::AdamUpdate {
+            decoupled_weight_decay: true,
+        } => {
             let (beta1, beta2): (f64, f64) = (0.9, 0.999);
             let grad_scale = fixed(&[1], DType::F32, Gen::Values(vec![0.5]));
             vec![Sample::new(

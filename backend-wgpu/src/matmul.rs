@@ -404,13 +404,15 @@ pub(crate) fn launch_windows(
     let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
     let dim = match (dim, first_batch) {
         // K parts are summed per output, so the batch is split first, and the rows or
-        // columns while the parts' partial sums would not fit one binding.
+        // columns while the parts' partial sums would not fit one binding (or K would not
+        // shrink).
         (Dim::K, Some(j)) => Dim::Batch(j),
         (Dim::K, None) => {
             let kc = k_part(core, inputs);
             let k = inputs[0].layout.shape[r - 1];
             let partial_bytes = 4 * k.div_ceil(kc) as u64 * (m * n) as u64;
-            match (partial_bytes <= core.max_binding(), m > 1, n > 1) {
+            let splits = kc < k && partial_bytes <= core.max_binding();
+            match (splits, m > 1, n > 1) {
                 (true, _, _) => {
                     return split_k_windows(core, op, &epilogue, inputs, outputs, kc);
                 }

@@ -1,9 +1,10 @@
 //! Ops over tensors larger than one storage binding (128 MiB on lavapipe).
 //!
 //! An op whose operands all fit runs as one launch. Otherwise it runs as several, each
-//! binding windows of its operands that fit, and every output element is still computed by
-//! the same code from the same inputs in the same order, so the results are those of one
-//! launch:
+//! binding windows of its operands that fit. Every output element is computed by the same
+//! code from the same inputs, so results are those of one launch, except where a sum is
+//! split (matmul along K, embedding backward over ranges of positions): the parts' sums are
+//! added in a fixed order, deterministic but rounded differently. How each op splits:
 //! - elementwise ops halve the dimension along which their widest operand reaches furthest
 //!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,

@@ -303,11 +303,7 @@ fn sum_splits(
     };
     let mut bound = inputs.to_vec();
     bound[0] = sums;
-    bound[1] = TensorRef {
-        buffer: b.buffer,
-        layout: &corner,
-        dtype: b.dtype,
-    };
+    bound[1] = windows::with_layout(b, &corner);
     run(
         core,
         &key(op, &bound, outputs, "sum_splits"),

@@ -28,15 +28,6 @@ fn row_windows(core: &Core, rows: usize, row_bytes: usize) -> Vec<(usize, usize)
         .collect()
 }
 
-/// `t` with another layout.
-fn with_layout<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
-    TensorRef {
-        buffer: t.buffer,
-        layout,
-        dtype: t.dtype,
-    }
-}
-
 pub(crate) fn launch(
     core: &Core,
     op: &Op,
@@ -84,8 +75,11 @@ pub(crate) fn launch(
                 for &(p0, count) in &position_windows {
                     let (ids_part, out_part) =
                         (ids_flat.narrow(0, p0, count), out_rows.narrow(0, p0, count));
-                    let ins = [with_layout(table, &window), with_layout(ids, &ids_part)];
-                    let outs = [with_layout(out, &out_part)];
+                    let ins = [
+                        windows::with_layout(table, &window),
+                        windows::with_layout(ids, &ids_part),
+                    ];
+                    let outs = [windows::with_layout(out, &out_part)];
                     let m = count * d;
                     run(
                         core,
@@ -113,7 +107,7 @@ pub(crate) fn launch(
                 strides: vec![d, 1],
                 offset: inputs[1].layout.offset,
             };
-            let dy = with_layout(&inputs[1], &dy_rows);
+            let dy = windows::with_layout(&inputs[1], &dy_rows);
             let position_windows = row_windows(core, positions, d * dy.dtype.size());
             // 16-bit gradients summed over several ranges of positions add up in f32 scratch,
             // rounded once at the end.
@@ -122,7 +116,7 @@ pub(crate) fn launch(
             let v = out.layout.shape[0];
             for (first, rows) in row_windows(core, v, d * sum_dtype.size()) {
                 let window = out.layout.narrow(0, first, rows);
-                let part = with_layout(out, &window);
+                let part = windows::with_layout(out, &window);
                 let scratch = if staged {
                     Some(core.scratch(rows * d * 4)?)
                 } else {
@@ -147,7 +141,10 @@ pub(crate) fn launch(
                 for &(p0, count) in &position_windows {
                     let (ids_part, dy_part) =
                         (ids_flat.narrow(0, p0, count), dy_rows.narrow(0, p0, count));
-                    let ins = [with_layout(ids, &ids_part), with_layout(&dy, &dy_part)];
+                    let ins = [
+                        windows::with_layout(ids, &ids_part),
+                        windows::with_layout(&dy, &dy_part),
+                    ];
                     let scratch = core.scratch(count * 8)?;
                     let layout = Layout::contiguous(&[2 * count]);
                     let links = TensorRef {

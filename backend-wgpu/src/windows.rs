@@ -82,6 +82,15 @@ pub(crate) fn too_large(
     Error::unsupported("wgpu", detail)
 }
 
+/// `t` with another layout.
+pub(crate) fn with_layout<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
+    TensorRef {
+        buffer: t.buffer,
+        layout,
+        dtype: t.dtype,
+    }
+}
+
 /// `tensors` with each layout replaced by the matching one of `layouts`.
 pub(crate) fn with_layouts<'a>(
     tensors: &[TensorRef<'a>],
@@ -90,11 +99,7 @@ pub(crate) fn with_layouts<'a>(
     tensors
         .iter()
         .zip(layouts)
-        .map(|(t, layout)| TensorRef {
-            buffer: t.buffer,
-            layout,
-            dtype: t.dtype,
-        })
+        .map(|(t, layout)| with_layout(t, layout))
         .collect()
 }
 

@@ -14,12 +14,18 @@ use tessera_core::{
 };
 
 use crate::buffer::{wgpu_buffer, Block, SharedPool, WgpuBuffer};
+use crate::shader::Build;
 use crate::{
     attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce, windows,
 };
 
 /// Bytes one launch's parameter block may take: the size of the dynamic-offset binding.
 pub(crate) const PARAM_BLOCK: u64 = 1024;
+/// The most parameter words a launch passes as immediates (256 bytes, what desktop Vulkan
+/// drivers offer as push constants); launches with more go through the parameter buffer.
+const MAX_IMMEDIATE_WORDS: usize = 64;
+/// Fewer immediate words than this (Vulkan guarantees 128 bytes) and the device does without.
+const MIN_IMMEDIATE_WORDS: usize = 32;
 /// Size of each per-submission parameter buffer.
 const PARAM_CAPACITY: u64 = 256 * 1024;
 /// Dispatches recorded before a batch is submitted without waiting for a sync point, so the
@@ -66,13 +72,42 @@ fn backend_err(detail: impl Into<String>) -> Error {
     }
 }
 
-/// A compiled pipeline, its cache key (the kernel's name in profiles) and the number of data
-/// bindings its layout has.
+/// A compiled pipeline, its cache key (the kernel's name in profiles), the number of data
+/// bindings its layout has and whether its parameters are immediates.
 #[derive(Debug)]
 pub(crate) struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     name: String,
     bindings: usize,
+    immediate: bool,
+}
+
+/// How [`WgpuDevice::open_with`] opens an adapter. The default is what `open_device("wgpu:N")`
+/// gives: every limit the adapter offers.
+#[derive(Clone, Debug)]
+pub struct WgpuOptions {
+    /// The most bytes one storage binding spans (rounded down to the adapter's offset
+    /// alignment, at least 16 alignments), below the adapter's own limit where that is larger.
+    /// Tensors past it run over windows, as they do past the adapter's limit, so small tensors
+    /// can exercise those paths.
+    pub max_binding_bytes: u64,
+    /// Whether launch parameters go through immediates where the adapter has them; without,
+    /// every launch reads its parameters from the per-submission parameter buffer.
+    pub immediates: bool,
+    /// Whether workgroup reductions (norms, softmax, loss, attention's decoding split, norms
+    /// of gradients) reduce within subgroups first where the adapter has `SUBGROUP`; without,
+    /// they reduce by a tree through workgroup memory.
+    pub subgroups: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        Self {
+            max_binding_bytes: u64::MAX,
+            immediates: true,
+            subgroups: true,
+        }
+    }
 }
 
 /// Kernel timing while profiling: each dispatch's pass writes a timestamp at its start and its
@@ -153,11 +188,20 @@ pub(crate) struct Core {
     completed: Arc<AtomicU64>,
     errors: Arc<Mutex<Vec<String>>>,
     state: Mutex<State>,
-    pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
-    /// Group 0: the launch parameters, read-only storage at a dynamic offset.
+    /// Pipelines by cache key: reading parameters from the parameter buffer (`[0]`) and
+    /// from immediates (`[1]`).
+    pipelines: Mutex<[HashMap<String, Arc<Pipeline>>; 2]>,
+    /// Parameter words a launch may pass as immediates (0: the adapter has none).
+    immediate_words: usize,
+    /// Whether workgroup reductions use subgroup operations.
+    subgroups: bool,
+    /// Group 0 of pipelines reading the parameter buffer: read-only storage at a dynamic
+    /// offset. Pipelines with immediates leave group 0 empty.
     param_layout: wgpu::BindGroupLayout,
-    /// Group 1 by its number of data bindings, with the pipeline layout of both groups.
-    layouts: Mutex<HashMap<usize, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    /// Group 1's layout by its number of data bindings.
+    group_layouts: Mutex<HashMap<usize, wgpu::BindGroupLayout>>,
+    /// Pipeline layouts by number of data bindings and whether parameters are immediates.
+    layouts: Mutex<HashMap<(usize, bool), wgpu::PipelineLayout>>,
     next_id: AtomicU64,
     syncs: AtomicU64,
 }
@@ -289,9 +333,10 @@ impl Core {
         }
     }
 
-    fn layout(&self, bindings: usize) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
-        let mut layouts = lock(&self.layouts);
-        layouts
+    /// Group 1's layout for `bindings` data bindings, shared by pipelines with and without
+    /// immediates, so one cached bind group serves both.
+    fn group_layout(&self, bindings: usize) -> wgpu::BindGroupLayout {
+        lock(&self.group_layouts)
             .entry(bindings)
             .or_insert_with(|| {
                 let entries: Vec<wgpu::BindGroupLayoutEntry> = (1..=bindings)
@@ -306,37 +351,63 @@ impl Core {
                         count: None,
                     })
                     .collect();
-                let bgl = self
-                    .device
+                self.device
                     .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                         label: Some("tessera bindings"),
                         entries: &entries,
-                    });
-                let pl = self
-                    .device
-                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                        label: Some("tessera layout"),
-                        bind_group_layouts: &[Some(&self.param_layout), Some(&bgl)],
-                        immediate_size: 0,
-                    });
-                (bgl, pl)
+                    })
             })
             .clone()
     }
 
-    /// The pipeline cached under `key`, compiling `source()` on a miss. `key` must name the
-    /// op, its dtypes and any variant, as the source depends on nothing else.
+    fn layout(&self, bindings: usize, immediate: bool) -> wgpu::PipelineLayout {
+        let group = self.group_layout(bindings);
+        lock(&self.layouts)
+            .entry((bindings, immediate))
+            .or_insert_with(|| {
+                self.device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some("tessera layout"),
+                        bind_group_layouts: &[
+                            (!immediate).then_some(&self.param_layout),
+                            Some(&group),
+                        ],
+                        immediate_size: if immediate {
+                            4 * self.immediate_words as u32
+                        } else {
+                            0
+                        },
+                    })
+            })
+            .clone()
+    }
+
+    /// What the kernel of a launch passing `words` parameter words is built for: immediates
+    /// where they hold the words, subgroup reductions where the device has them.
+    pub(crate) fn build(&self, words: usize) -> Build {
+        Build {
+            immediate_words: (self.immediate_words > 0 && words <= self.immediate_words)
+                .then_some(self.immediate_words),
+            subgroups: self.subgroups,
+        }
+    }
+
+    /// The pipeline cached under `key` (with parameters as immediates or not), compiling
+    /// `source()` on a miss. `key` must name the op, its dtypes and any variant, as the source
+    /// depends on nothing else but what [`Core::build`] gives (and `immediate` is
+    /// its `immediate_words.is_some()`).
     pub(crate) fn pipeline(
         &self,
         key: &str,
         bindings: usize,
+        immediate: bool,
         source: impl FnOnce() -> String,
     ) -> Result<Arc<Pipeline>> {
-        if let Some(p) = lock(&self.pipelines).get(key) {
+        if let Some(p) = lock(&self.pipelines)[usize::from(immediate)].get(key) {
             return Ok(p.clone());
         }
         let src = source();
-        let (_, layout) = self.layout(bindings);
+        let layout = self.layout(bindings, immediate);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device
@@ -370,8 +441,9 @@ impl Core {
             pipeline,
             name: key.to_string(),
             bindings,
+            immediate,
         });
-        lock(&self.pipelines).insert(key.to_string(), p.clone());
+        lock(&self.pipelines)[usize::from(immediate)].insert(key.to_string(), p.clone());
         Ok(p)
     }
 
@@ -497,24 +569,34 @@ impl Core {
         if st.dispatches >= MAX_BATCH || st.param_data.len() as u64 + PARAM_BLOCK > PARAM_CAPACITY {
             self.flush(st);
         }
-        if st.params.is_none() {
-            st.params = Some(self.param_buffer(st));
-        }
-        let param_offset = st.param_data.len() as u64;
-        st.param_data
-            .extend(params.iter().flat_map(|w| w.to_le_bytes()));
-        let padded = (st.param_data.len() as u64).div_ceil(self.align) * self.align;
-        st.param_data.resize(padded as usize, 0);
-        let pb = st
-            .params
-            .as_ref()
-            .ok_or_else(|| backend_err("no parameter buffer"))?;
+        let mut immediates = [0u32; MAX_IMMEDIATE_WORDS];
+        let param_group = if pipe.immediate {
+            immediates
+                .get_mut(..params.len())
+                .ok_or_else(|| backend_err("too many parameters for immediates"))?
+                .copy_from_slice(params);
+            None
+        } else {
+            if st.params.is_none() {
+                st.params = Some(self.param_buffer(st));
+            }
+            let offset = st.param_data.len() as u32;
+            st.param_data
+                .extend(params.iter().flat_map(|w| w.to_le_bytes()));
+            let padded = (st.param_data.len() as u64).div_ceil(self.align) * self.align;
+            st.param_data.resize(padded as usize, 0);
+            let pb = st
+                .params
+                .as_ref()
+                .ok_or_else(|| backend_err("no parameter buffer"))?;
+            Some((pb.bind_group.clone(), offset))
+        };
         let key: BindKey = binds.iter().map(|b| (b.buf.id, b.offset, b.size)).collect();
         if st.bind_groups.len() >= MAX_BIND_GROUPS {
             st.bind_groups.clear();
         }
         if !st.bind_groups.contains_key(&key) {
-            let (bgl, _) = self.layout(binds.len());
+            let bgl = self.group_layout(binds.len());
             let entries: Vec<wgpu::BindGroupEntry> = binds
                 .iter()
                 .enumerate()
@@ -560,7 +642,12 @@ impl Core {
             .as_mut()
             .ok_or_else(|| backend_err("no compute pass"))?;
         pass.set_pipeline(&pipe.pipeline);
-        pass.set_bind_group(0, &pb.bind_group, &[param_offset as u32]);
+        match &param_group {
+            Some((group, offset)) => pass.set_bind_group(0, group, &[*offset]),
+            None => {
+                pass.set_immediates(0, bytemuck::cast_slice(&immediates[..self.immediate_words]))
+            }
+        }
         pass.set_bind_group(1, &bg, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         if timed {
@@ -796,17 +883,24 @@ fn tensor_cores(adapter: &wgpu::Adapter) -> bool {
 }
 
 impl WgpuDevice {
-    /// Opens `adapter` with every limit it offers.
-    pub fn open(adapter: wgpu::Adapter, ordinal: usize) -> Result<Self> {
-        Self::open_limited(adapter, ordinal, u64::MAX)
+    /// Bytes of launch parameters passed as immediates (0: all go through the parameter
+    /// buffer).
+    pub fn immediate_bytes(&self) -> usize {
+        4 * self.core.immediate_words
     }
 
-    /// Opens adapter `ordinal` (the `N` of `wgpu:N`) binding at most `max_binding_bytes` of a
-    /// buffer per storage binding (rounded down to the adapter's offset alignment, at least 16
-    /// alignments), below the adapter's own limit where that is larger. Tensors past it run
-    /// over windows, as they do past the adapter's limit, so small tensors can exercise those
-    /// paths.
-    pub fn open_with_max_binding(ordinal: usize, max_binding_bytes: u64) -> Result<Self> {
+    /// Whether workgroup reductions reduce within subgroups first.
+    pub fn subgroup_reductions(&self) -> bool {
+        self.core.subgroups
+    }
+
+    /// Opens `adapter` with every limit it offers.
+    pub fn open(adapter: wgpu::Adapter, ordinal: usize) -> Result<Self> {
+        Self::open_adapter(adapter, ordinal, &WgpuOptions::default())
+    }
+
+    /// Opens adapter `ordinal` (the `N` of `wgpu:N`) as `options` say.
+    pub fn open_with(ordinal: usize, options: &WgpuOptions) -> Result<Self> {
         let adapter = adapters()
             .into_iter()
             .nth(ordinal)
@@ -814,14 +908,15 @@ impl WgpuDevice {
                 name: format!("wgpu:{ordinal}"),
                 detail: "no such wgpu adapter".into(),
             })?;
-        Self::open_limited(adapter, ordinal, max_binding_bytes)
+        Self::open_adapter(adapter, ordinal, options)
     }
 
-    fn open_limited(adapter: wgpu::Adapter, ordinal: usize, max_binding: u64) -> Result<Self> {
+    fn open_adapter(adapter: wgpu::Adapter, ordinal: usize, options: &WgpuOptions) -> Result<Self> {
         let ainfo = adapter.get_info();
         let limits = adapter.limits();
         let align = u64::from(limits.min_storage_buffer_offset_alignment.max(4));
-        let max_binding = max_binding
+        let max_binding = options
+            .max_binding_bytes
             .max(16 * align)
             .min(limits.max_storage_buffer_binding_size);
         let max_binding = max_binding - max_binding % align;
@@ -831,8 +926,20 @@ impl WgpuDevice {
         let f16 = offered.contains(wgpu::Features::SHADER_F16);
         let subgroups = offered.contains(wgpu::Features::SUBGROUP);
         let coop_f16 = f16 && subgroups && tensor_cores(&adapter);
+        let immediate_words = (limits.max_immediate_size as usize / 4).min(MAX_IMMEDIATE_WORDS);
+        let immediate_words = if options.immediates
+            && offered.contains(wgpu::Features::IMMEDIATES)
+            && immediate_words >= MIN_IMMEDIATE_WORDS
+        {
+            immediate_words
+        } else {
+            0
+        };
         let mut wanted =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        if immediate_words > 0 {
+            wanted |= wgpu::Features::IMMEDIATES;
+        }
         if coop_f16 {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -912,6 +1019,8 @@ impl WgpuDevice {
         });
         let core = Core {
             param_layout,
+            immediate_words,
+            subgroups: subgroups && options.subgroups,
             align,
             max_binding,
             max_groups: u64::from(limits.max_compute_workgroups_per_dimension.max(1)),
@@ -940,7 +1049,8 @@ impl WgpuDevice {
                 profiler: None,
                 profile: HashMap::new(),
             }),
-            pipelines: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new([HashMap::new(), HashMap::new()]),
+            group_layouts: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             syncs: AtomicU64::new(0),

@@ -231,7 +231,7 @@ fn offsets(rank: usize, tensors: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::{coalesce, offsets, SRC};
-    use crate::shader::source;
+    use crate::shader::{source, Build};
     use tessera_core::DType;
 
     /// The map kernel's WGSL for each rank parses and validates as the device would see it.
@@ -239,15 +239,33 @@ mod tests {
     fn the_map_kernel_is_valid_wgsl_for_every_rank() {
         let f32 = |output| (DType::F32, output);
         let body = "let a = ld1(o0); let b = ld2(o1); st3(o2, a + b);".to_string();
-        for rank in 0..5 {
+        let builds = [
+            Build {
+                immediate_words: None,
+                subgroups: false,
+            },
+            Build {
+                immediate_words: Some(64),
+                subgroups: true,
+            },
+        ];
+        for (rank, build) in (0..5).flat_map(|r| builds.map(|b| (r, b))) {
             let subst = [("OFFSETS", offsets(rank, 3)), ("BODY", body.clone())];
-            let src = source(SRC, "map", &[f32(false), f32(false), f32(true)], &subst);
+            let src = source(
+                SRC,
+                "map",
+                &[f32(false), f32(false), f32(true)],
+                &subst,
+                build,
+            );
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             naga::valid::Validator::new(
                 naga::valid::ValidationFlags::all(),
                 naga::valid::Capabilities::all(),
             )
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("rank {rank}: {}", e.emit_to_string(&src)));
         }

@@ -9,10 +9,14 @@
 //!   shared part, one `// @kernel` section, and binding declarations generated for the launch's
 //!   dtypes (`ldK`/`stK` load and store binding `K` as f32; `ldnK`/`stnK` in its native type).
 //!   Pipelines are compiled once per device and cached by op, dtypes and variant.
-//! - Launch parameters (sizes, strides, offsets, scalars) are `u32` words written into a
-//!   per-submission parameter buffer and reached through a dynamic offset: no buffer is created
-//!   per dispatch. The parameter buffer is bind group 0 and the data bind group 1, so data bind
-//!   groups are cached by the buffers they bind alone.
+//! - Launch parameters (sizes, strides, offsets, scalars) are `u32` words, the array `p` in
+//!   every kernel. Where the adapter has immediates (`IMMEDIATES`, Vulkan push constants) a
+//!   launch of up to 64 words passes them as immediates. Otherwise, and for launches with more
+//!   words (high-rank strided tensors), they are written into a per-submission parameter
+//!   buffer (read-only storage: WGSL's uniform arrays would need 16-byte elements) reached
+//!   through a dynamic offset. No buffer is created per dispatch. The parameter buffer is bind
+//!   group 0 and the data bind group 1, so data bind groups are cached by the buffers they bind
+//!   alone, and serve pipelines of both kinds.
 //! - Dispatches are recorded into one command encoder and submitted at sync points: a read, a
 //!   `synchronize`, a host write, or every 32 dispatches, so the GPU works while the host
 //!   records the rest.
@@ -51,7 +55,7 @@ use std::sync::Arc;
 use tessera_core::{BackendEntry, Device, Result};
 
 pub use buffer::WgpuBuffer;
-pub use device::WgpuDevice;
+pub use device::{WgpuDevice, WgpuOptions};
 
 fn probe() -> Vec<String> {
     device::adapters()
@@ -61,9 +65,9 @@ fn probe() -> Vec<String> {
 }
 
 fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
-    Ok(Arc::new(WgpuDevice::open_with_max_binding(
+    Ok(Arc::new(WgpuDevice::open_with(
         ordinal,
-        u64::MAX,
+        &WgpuOptions::default(),
     )?))
 }
 

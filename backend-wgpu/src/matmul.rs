@@ -602,7 +602,7 @@ impl Problem<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shader::source;
+    use crate::shader::{source, Build};
 
     /// The tensor-core kernel runs only on adapters with cooperative matrices (not lavapipe),
     /// so its WGSL is at least checked everywhere: parsed and validated as the device would.
@@ -627,7 +627,11 @@ mod tests {
             ];
             let mut subst = subst.to_vec();
             subst.extend(coop_staging_code());
-            let src = source(SRC, "coop", &bindings, &subst);
+            let build = Build {
+                immediate_words: Some(64),
+                subgroups: true,
+            };
+            let src = source(SRC, "coop", &bindings, &subst, build);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             naga::valid::Validator::new(

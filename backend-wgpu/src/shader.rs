@@ -1,10 +1,10 @@
 //! WGSL assembly and launch parameters.
 //!
-//! A kernel's source is `common.wgsl`, then generated declarations for each data binding, then
-//! the shared part of its family file and one of the file's `// @kernel NAME` sections, with
-//! placeholders (upper-case words such as `BODY`) replaced. Binding `K` of group 1 (from 1; group 0
-//! holds the parameter block `p`) gets `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast`
-//! does), `ldnK`/`stnK` in its native type (`f32`, `f16`, `i32`, `u32`; bool as a `u32` 0 or
+//! A kernel's source is the declaration of its parameter block `p` (immediates, or group 0),
+//! `common.wgsl`, then generated declarations for each data binding, then the shared part of
+//! its family file and one of the file's `// @kernel NAME` sections, with placeholders
+//! (upper-case words such as `BODY`) replaced. Binding `K` of group 1 (from 1) gets
+//! `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast` does), `ldnK`/`stnK` in its native type (`f32`, `f16`, `i32`, `u32`; bool as a `u32` 0 or
 //! 1; bf16 as its 16 bits in a `u32`), and for index dtypes `ldiK(e) -> i32` (a u32 past
 //! `i32::MAX` reads as -1, i.e. out of range).
 //!
@@ -18,6 +18,17 @@ use tessera_core::{DType, Error, Result, TensorRef};
 use crate::device::{Bind, Core};
 
 const COMMON: &str = include_str!("kernels/common.wgsl");
+const GROUP_REDUCE: &str = include_str!("kernels/group_reduce.wgsl");
+
+/// What a device's kernels are built for, beyond the op and its dtypes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Build {
+    /// The parameter block `p` as this many immediate words; `None`: a window of the
+    /// submission's parameter buffer.
+    pub immediate_words: Option<usize>,
+    /// Whether `wg_sum`/`wg_max` reduce within subgroups first (the adapter's `SUBGROUP`).
+    pub subgroups: bool,
+}
 
 /// The declarations and accessors of data binding `k`.
 fn binding(k: usize, dtype: DType, output: bool) -> String {
@@ -121,14 +132,11 @@ pub(crate) fn source(
     section: &str,
     bindings: &[(DType, bool)],
     subst: &[(&str, String)],
+    build: Build,
 ) -> String {
     let marker = "// @kernel ";
     let shared = family.split(marker).next().unwrap_or("");
-    let body = family
-        .split(marker)
-        .skip(1)
-        .find(|s| s.lines().next().map(str::trim) == Some(section))
-        .unwrap_or("");
+    let body = section_of(family, section);
     let has = |dtype: DType| bindings.iter().any(|&(d, _)| d == dtype);
     let mut src = String::new();
     if has(DType::F16) {
@@ -137,7 +145,13 @@ pub(crate) fn source(
     if body.contains("coop_mat") {
         src += "enable wgpu_cooperative_matrix;\n";
     }
+    src += &param_declaration(build.immediate_words);
     src += COMMON;
+    src += "// ";
+    src += section_of(
+        GROUP_REDUCE,
+        if build.subgroups { "subgroup" } else { "tree" },
+    );
     if has(DType::F16) {
         src += TO_F16;
     }
@@ -153,7 +167,38 @@ pub(crate) fn source(
     for (from, to) in subst {
         src = src.replace(from, to);
     }
+    if build.subgroups {
+        src = src
+            .replace(
+                "SUBGROUP_ARGS",
+                ", @builtin(subgroup_id) sg_in: u32, @builtin(num_subgroups) sgs_in: u32, \
+                 @builtin(subgroup_invocation_id) lane_in: u32",
+            )
+            .replace("SUBGROUP_ENTER", "sg_enter(sg_in, sgs_in, lane_in);");
+    } else {
+        src = src
+            .replace("SUBGROUP_ARGS", "")
+            .replace("SUBGROUP_ENTER", "");
+    }
     src
+}
+
+/// The text of `family`'s section `section` (after its `// @kernel NAME` line).
+fn section_of<'a>(family: &'a str, section: &str) -> &'a str {
+    family
+        .split("// @kernel ")
+        .skip(1)
+        .find(|s| s.lines().next().map(str::trim) == Some(section))
+        .unwrap_or("")
+}
+
+/// The WGSL declaration of the parameter block `p`: `immediate_words` immediates, or (`None`)
+/// the launch's window of the submission's parameter buffer.
+fn param_declaration(immediate_words: Option<usize>) -> String {
+    match immediate_words {
+        Some(words) => format!("var<immediate> p: array<u32, {words}>;\n"),
+        None => "@group(0) @binding(0) var<storage, read> p: array<u32>;\n".into(),
+    }
 }
 
 /// Launch parameters: `u32` words, floats as their f32 bits.
@@ -250,8 +295,9 @@ pub(crate) fn run_grid(
     let mut p = Params::default();
     params(&v.offs, &mut p);
     let kinds = kinds(inputs, outputs);
-    let pipe = core.pipeline(key, v.binds.len(), || {
-        source(family, section, &kinds, subst)
+    let build = core.build(p.0.len());
+    let pipe = core.pipeline(key, v.binds.len(), build.immediate_words.is_some(), || {
+        source(family, section, &kinds, subst, build)
     })?;
     core.dispatch(&pipe, &v.binds, &p.0, grid)
 }

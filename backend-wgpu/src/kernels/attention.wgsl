@@ -106,7 +106,8 @@ var<workgroup> pb: array<f32, 256>;
 var<workgroup> parts: array<f32, 1024>;
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0] * p[1] * p[3];
     let splits = p[13];
     let dk = p[5];

@@ -1,6 +1,6 @@
 // Helpers every kernel gets. `p` is the launch's parameter block (u32 words, f32 scalars as
-// their bits), bound at a dynamic offset of the submission's parameter buffer.
-@group(0) @binding(0) var<storage, read> p: array<u32>;
+// their bits), declared before this file: immediates, or a window of the submission's
+// parameter buffer.
 
 const WG: u32 = 256u;
 
@@ -88,28 +88,5 @@ fn powf(x: f32, y: f32) -> f32 {
     return r;
 }
 
-// Workgroup tree reductions: every thread passes its value and gets the result. Call from
-// uniform control flow only. The order is fixed, so results are deterministic.
+// Workgroup scratch of one f32 per thread, for reductions.
 var<workgroup> red: array<f32, 256>;
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-fn wg_max(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] = max_nan(red[lid], red[lid + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}

@@ -6,7 +6,8 @@ fn o(k: u32) -> u32 { return p[1u + k]; }
 // @kernel cross_entropy
 // Bindings: 1 logits, 2 targets, 3 loss, 4 lse.
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let v = p[1];
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {

@@ -8,7 +8,8 @@ fn o(k: u32) -> u32 { return p[2u + k]; }
 // @kernel layer_norm
 // Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let n = p[1];
     let eps = pf(2u);
@@ -33,7 +34,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel rms_norm
 // Bindings: 1 x, 2 weight, 3 y, 4 rstd.
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let n = p[1];
     let eps = pf(2u);
@@ -54,7 +56,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel layer_norm_dx
 // Bindings: 1 x, 2 weight, 3 mean, 4 rstd, 5 dy, 6 dx, 7 dweight, 8 dbias.
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let n = p[1];
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
@@ -81,7 +84,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 // @kernel layer_norm_dw
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let n = p[1];
     for (var c = group_index(wid, nwg); c < n; c += group_count(nwg)) {
@@ -104,7 +108,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel rms_norm_dx
 // Bindings: 1 x, 2 weight, 3 rstd, 4 dy, 5 dx, 6 dweight.
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let n = p[1];
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
@@ -126,7 +131,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 // @kernel rms_norm_dw
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = p[0];
     let n = p[1];
     for (var c = group_index(wid, nwg); c < n; c += group_count(nwg)) {

@@ -45,7 +45,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel squares
 // Bindings: 1 x, 2 partial sums. p[0] elements, p[1] elements per chunk, p[2] first partial.
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let n = p[0];
     let chunk = p[1];
     let chunks = (n + chunk - 1u) / chunk;
@@ -61,7 +62,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel sum_partials
 // Bindings: 1 partial sums, 2 output [1]. p[0] partial count.
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     var s = 0.0;
     for (var i = lid; i < p[0]; i += WG) { s += ld1(o(1u) + i); }
     let t = wg_sum(s, lid);

@@ -1,0 +1,163 @@
+//! The wgpu device opened with options other than the defaults, against the CPU reference.
+//! Both tests pass vacuously, with a note, where no wgpu device is under test.
+//!
+//! - Ops over tensors larger than one storage binding: bindings capped at 64 KiB, launches
+//!   reading their parameters from the parameter buffer and workgroup reductions as trees (no
+//!   immediates, no subgroups: those paths stay tested on adapters that have them). Every
+//!   sample of the ops that run over windows (their families' samples and the large ones of
+//!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32) matches, none unsupported. The
+//!   full-size samples (past lavapipe's 128 MiB) run in the `ops` test.
+//! - Workgroup reductions as trees (no subgroups): every sample of the ops whose kernels
+//!   reduce over a workgroup matches.
+#![cfg(feature = "wgpu")]
+
+use std::sync::Arc;
+
+use tessera::tessera_wgpu::{WgpuDevice, WgpuOptions};
+use tessera::{open_device, DType, Op};
+use tessera_conformance::env::listings_under_test;
+use tessera_conformance::harness::Target;
+use tessera_conformance::samples::{family_samples, windows};
+use tessera_conformance::{Check, Sample, Status, Suite};
+
+/// The binding cap: small enough that most samples need several windows.
+const MAX_BINDING: u64 = 64 << 10;
+
+/// Ops that run over windows (`backend-wgpu/src/windows.rs`).
+fn windowed(op: &Op) -> bool {
+    use Op::*;
+    matches!(
+        op,
+        Cast { .. }
+            | Copy
+            | Unary(_)
+            | UnaryBackward(_)
+            | Binary(_)
+            | Compare(_)
+            | Where
+            | SwiGlu
+            | SwiGluBackward
+            | Fill { .. }
+            | Arange { .. }
+            | RandUniform { .. }
+            | RandNormal { .. }
+            | AdamUpdate { .. }
+            | SgdUpdate { .. }
+            | SquaredNorm
+            | Concat { .. }
+            | Embedding
+            | EmbeddingBackward
+            | Matmul { .. }
+    )
+}
+
+/// Ops whose kernels reduce over a workgroup (`wg_sum`/`wg_max`).
+fn reduces_over_workgroups(op: &Op) -> bool {
+    use Op::*;
+    matches!(
+        op,
+        Softmax
+            | LogSoftmax
+            | SoftmaxBackward
+            | LogSoftmaxBackward
+            | LayerNorm
+            | LayerNormBackward
+            | RmsNorm
+            | RmsNormBackward
+            | Attention { .. }
+            | CrossEntropy
+            | SquaredNorm
+    )
+}
+
+/// The suite of the first wgpu device under test opened with `options`, or `None` (with a
+/// note) where there is none.
+fn suite(options: WgpuOptions, what: &str) -> Option<Suite> {
+    let Some(listing) = listings_under_test()
+        .into_iter()
+        .find(|d| d.backend == "wgpu")
+    else {
+        eprintln!("no wgpu device under test; skipping");
+        return None;
+    };
+    let ordinal: usize = listing
+        .id
+        .trim_start_matches("wgpu:")
+        .parse()
+        .expect("wgpu ids are wgpu:N");
+    let device = WgpuDevice::open_with(ordinal, &options).expect("a listed wgpu device opens");
+    Some(Suite {
+        targets: vec![Target {
+            device: Arc::new(device),
+            backend: "wgpu".into(),
+            name: format!("{} ({}, {what})", listing.id, listing.name),
+        }],
+        reference: open_device("cpu:0").expect("the CPU reference opens"),
+    })
+}
+
+/// Runs the forward check of `samples` and asserts that none fails or is unsupported and
+/// that at least `min_f32` f32 rows pass.
+fn forward_passes(suite: &Suite, samples: &[Sample], min_f32: usize, what: &str) {
+    let report = suite.run(samples, &[Check::Forward]);
+    println!("{}", report.table(Check::Forward));
+    let mut problems: Vec<String> = report.failure_lines();
+    problems.extend(
+        report
+            .unsupported
+            .iter()
+            .map(|o| format!("UNSUPPORTED {} {}: {}", o.row.op, o.sample, o.detail)),
+    );
+    assert!(
+        problems.is_empty(),
+        "{} samples fail or are unsupported {what}:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    let passed = report
+        .rows
+        .iter()
+        .filter(|r| r.dtype == DType::F32.name() && r.status == Status::Pass)
+        .count();
+    assert!(passed >= min_f32, "only {passed} f32 rows ran");
+}
+
+#[test]
+fn ops_past_one_binding_match_the_reference() {
+    let options = WgpuOptions {
+        max_binding_bytes: MAX_BINDING,
+        immediates: false,
+        subgroups: false,
+    };
+    let what = "bindings of 64 KiB, no immediates or subgroups";
+    let Some(suite) = suite(options, what) else {
+        return;
+    };
+    let samples: Vec<_> = Op::catalog()
+        .iter()
+        .filter(|op| windowed(op))
+        .flat_map(|op| {
+            let mut list = family_samples(op);
+            list.extend(windows::samples(op, 70, 300));
+            list
+        })
+        .collect();
+    forward_passes(&suite, &samples, 40, "with 64 KiB bindings");
+}
+
+#[test]
+fn workgroup_reductions_without_subgroups_match_the_reference() {
+    let options = WgpuOptions {
+        subgroups: false,
+        ..WgpuOptions::default()
+    };
+    let Some(suite) = suite(options, "no subgroups") else {
+        return;
+    };
+    let samples: Vec<_> = Op::catalog()
+        .iter()
+        .filter(|op| reduces_over_workgroups(op))
+        .flat_map(family_samples)
+        .collect();
+    forward_passes(&suite, &samples, 10, "without subgroups");
+}

@@ -10,11 +10,11 @@
 //!   dtypes (`ldK`/`stK` load and store binding `K` as f32; `ldnK`/`stnK` in its native type).
 //!   Pipelines are compiled once per device and cached by op, dtypes and variant.
 //! - Launch parameters (sizes, strides, offsets, scalars) are `u32` words, the array `p` in
-//!   every kernel. Where the adapter has immediates (`IMMEDIATES`, Vulkan push constants) a
-//!   launch of up to 64 words passes them as immediates. Otherwise, and for launches with more
-//!   words (high-rank strided tensors), they are written into a per-submission parameter
-//!   buffer (read-only storage: WGSL's uniform arrays would need 16-byte elements) reached
-//!   through a dynamic offset. No buffer is created per dispatch. The parameter buffer is bind
+//!   every kernel, written into a per-submission parameter buffer (read-only storage: WGSL's
+//!   uniform arrays would need 16-byte elements) and reached through a dynamic offset. With
+//!   `WgpuOptions::immediates`, where the adapter has immediates (`IMMEDIATES`, Vulkan push
+//!   constants), a launch of up to 64 words passes them as immediates instead; that is not the
+//!   default because it measured slower on the H100 (see `WgpuOptions`). No buffer is created per dispatch. The parameter buffer is bind
 //!   group 0 and the data bind group 1, so data bind groups are cached by the buffers they bind
 //!   alone, and serve pipelines of both kinds.
 //! - Dispatches are recorded into one command encoder and submitted at sync points: a read, a

@@ -108,24 +108,24 @@ fn freed_memory_is_reused_after_the_queue_finishes() {
 }
 
 /// Every Vulkan adapter has at least 128 bytes of push constants, which wgpu offers as
-/// immediates: launches pass their parameters that way unless told not to.
+/// immediates: asked for, launches pass their parameters that way (by default they do not).
 #[test]
-fn vulkan_adapters_pass_parameters_as_immediates() {
+fn vulkan_adapters_pass_parameters_as_immediates_when_asked() {
     use tessera_wgpu::{WgpuDevice, WgpuOptions};
     if device().is_none() {
         return;
     }
-    let dev = WgpuDevice::open_with(0, &WgpuOptions::default()).expect("wgpu:0 opens");
+    let with = WgpuOptions {
+        immediates: true,
+        ..WgpuOptions::default()
+    };
+    let dev = WgpuDevice::open_with(0, &with).expect("wgpu:0 opens");
     assert!(dev.immediate_bytes() >= 128, "{}", dev.immediate_bytes());
     eprintln!(
         "wgpu:0: {} bytes of immediates, subgroup reductions: {}",
         dev.immediate_bytes(),
         dev.subgroup_reductions()
     );
-    let without = WgpuOptions {
-        immediates: false,
-        ..WgpuOptions::default()
-    };
-    let dev = WgpuDevice::open_with(0, &without).expect("wgpu:0 opens");
+    let dev = WgpuDevice::open_with(0, &WgpuOptions::default()).expect("wgpu:0 opens");
     assert_eq!(dev.immediate_bytes(), 0);
 }

@@ -1,14 +1,14 @@
 //! The wgpu device opened with options other than the defaults, against the CPU reference.
 //! Both tests pass vacuously, with a note, where no wgpu device is under test.
 //!
-//! - Ops over tensors larger than one storage binding: bindings capped at 64 KiB, launches
-//!   reading their parameters from the parameter buffer and workgroup reductions as trees (no
-//!   immediates, no subgroups: those paths stay tested on adapters that have them). Every
+//! - Ops over tensors larger than one storage binding: bindings capped at 64 KiB, launch
+//!   parameters as immediates where the adapter has them (not the default, which the `ops`
+//!   test runs) and workgroup reductions as trees (no subgroups). Every
 //!   sample of the ops that run over windows (their families' samples and the large ones of
 //!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32) matches, none unsupported. The
 //!   full-size samples (past lavapipe's 128 MiB) run in the `ops` test.
-//! - Workgroup reductions as trees (no subgroups): every sample of the ops whose kernels
-//!   reduce over a workgroup matches.
+//! - Workgroup reductions as trees (no subgroups), parameters as immediates: every sample of
+//!   the ops whose kernels reduce over a workgroup matches.
 #![cfg(feature = "wgpu")]
 
 use std::sync::Arc;
@@ -126,10 +126,10 @@ fn forward_passes(suite: &Suite, samples: &[Sample], min_f32: usize, what: &str)
 fn ops_past_one_binding_match_the_reference() {
     let options = WgpuOptions {
         max_binding_bytes: MAX_BINDING,
-        immediates: false,
+        immediates: true,
         subgroups: false,
     };
-    let what = "bindings of 64 KiB, no immediates or subgroups";
+    let what = "bindings of 64 KiB, immediates, no subgroups";
     let Some(suite) = suite(options, what) else {
         return;
     };
@@ -148,10 +148,11 @@ fn ops_past_one_binding_match_the_reference() {
 #[test]
 fn workgroup_reductions_without_subgroups_match_the_reference() {
     let options = WgpuOptions {
+        immediates: true,
         subgroups: false,
         ..WgpuOptions::default()
     };
-    let Some(suite) = suite(options, "no subgroups") else {
+    let Some(suite) = suite(options, "immediates, no subgroups") else {
         return;
     };
     let samples: Vec<_> = Op::catalog()

@@ -9,6 +9,8 @@
 //!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,
 //!   random values keeping their element's index in the whole tensor;
+//! - row-wise ops (the softmax family and its backward, layer and RMS norm) run over ranges
+//!   of whole rows;
 //! - the squared norm, embedding and embedding backward (ranges of table rows and of
 //!   positions), concat (a copy per input) and matmul split their work themselves
 //!   (`optim.rs`, `movement.rs`, `matmul.rs`);
@@ -54,6 +56,10 @@ pub(crate) fn launch(
         | AdamUpdate { .. }
         | SgdUpdate { .. } => flat_ranges(core, op, inputs, outputs, s),
         Matmul { .. } => matmul::launch_windows(core, op, inputs, outputs),
+        Softmax | LogSoftmax | SoftmaxBackward | LogSoftmaxBackward => {
+            row_ranges(core, op, inputs, outputs, s, inputs.len())
+        }
+        LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
         _ => Err(too_large(core, op, inputs, outputs)),
     }
 }
@@ -165,6 +171,55 @@ pub(crate) fn flat(layout: &Layout) -> Layout {
         strides: vec![1],
         offset: layout.offset,
     }
+}
+
+/// Row-wise ops over ranges of whole rows that fit. Inputs before `row_inputs` and every
+/// output are row-major, one row (or one statistic) per row of the first input; later inputs
+/// (a norm's weight and bias) are bound whole. A row wider than a binding is `Unsupported`.
+fn row_ranges(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+    row_inputs: usize,
+) -> Result<()> {
+    let n = inputs[0].layout.shape.last().copied().unwrap_or(1).max(1);
+    let rows = inputs[0].layout.numel() / n;
+    let split: Vec<&TensorRef<'_>> = inputs[..row_inputs].iter().chain(outputs).collect();
+    let widest = split.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
+    let part = core.max_binding().saturating_sub(core.align()) as usize / (n * widest);
+    if part == 0 || split.iter().any(|t| !t.layout.is_contiguous()) {
+        return Err(too_large(core, op, inputs, outputs));
+    }
+    // Rows `first..first + len` of `t` as a `[len, per_row]` matrix (statistics `[len, 1]`:
+    // kernels take the row count and length from the first input).
+    let rows_of = |t: &TensorRef<'_>, first: usize, len: usize| -> Layout {
+        let per_row = t.layout.numel() / rows;
+        let mut layout = Layout::contiguous(&[len, per_row]);
+        layout.offset = t.layout.offset + first * per_row;
+        layout
+    };
+    for first in (0..rows).step_by(part) {
+        let len = part.min(rows - first);
+        let li: Vec<Layout> = inputs
+            .iter()
+            .enumerate()
+            .map(|(k, t)| match k < row_inputs {
+                true => rows_of(t, first, len),
+                false => t.layout.clone(),
+            })
+            .collect();
+        let lo: Vec<Layout> = outputs.iter().map(|t| rows_of(t, first, len)).collect();
+        launch_family(
+            core,
+            op,
+            &with_layouts(inputs, &li),
+            &with_layouts(outputs, &lo),
+            s,
+        )?;
+    }
+    Ok(())
 }
 
 /// Creation, random and optimizer ops over flat ranges that fit: row-major operands of the

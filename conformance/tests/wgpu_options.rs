@@ -48,6 +48,12 @@ fn windowed(op: &Op) -> bool {
             | Embedding
             | EmbeddingBackward
             | Matmul { .. }
+            | Softmax
+            | LogSoftmax
+            | SoftmaxBackward
+            | LogSoftmaxBackward
+            | LayerNorm
+            | RmsNorm
     )
 }
 

@@ -2,7 +2,8 @@
 //! (128 MiB on lavapipe) at [`ROWS`] x [`COLS`], so backends that bind buffers in windows run
 //! them over several. Each covers a way an op is split: broadcast operands, sub-word outputs
 //! (bf16), random values that keep their element's index, ids in different windows of an
-//! embedding table, and matmuls split along rows, columns and K.
+//! embedding table, matmuls split along rows, columns and K, and row-wise ops (softmax, layer
+//! norm with its statistics) over ranges of rows.
 
 use tessera::rng::split_u64;
 use tessera::{DType, Op, UnaryOp};
@@ -101,6 +102,23 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             ])
             .in_place()]
         }
+        Op::Softmax => vec![Sample::new(
+            op.clone(),
+            format!("{big:?}"),
+            vec![input(&big, uniform(-4.0, 4.0))],
+        )
+        .reduce(cols)],
+        Op::LayerNorm => vec![Sample::new(
+            op.clone(),
+            format!("{big:?}"),
+            vec![
+                input(&big, uniform(-2.0, 3.0)),
+                input(&[cols], uniform(0.5, 1.5)),
+                input(&[cols], uniform(-0.5, 0.5)),
+            ],
+        )
+        .scalars(&[1e-5])
+        .reduce(cols)],
         Op::SquaredNorm => vec![Sample::new(
             op.clone(),
             format!("{big:?} and [5]"),

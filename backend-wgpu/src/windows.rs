@@ -9,8 +9,8 @@
 //!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,
 //!   random values keeping their element's index in the whole tensor;
-//! - row-wise ops (the softmax family and its backward, layer and RMS norm) run over ranges
-//!   of whole rows;
+//! - row-wise ops (the softmax family and its backward, layer and RMS norm, cross-entropy
+//!   and its backward) run over ranges of whole rows;
 //! - the squared norm, embedding and embedding backward (ranges of table rows and of
 //!   positions), concat (a copy per input) and matmul split their work themselves
 //!   (`optim.rs`, `movement.rs`, `matmul.rs`);
@@ -60,6 +60,9 @@ pub(crate) fn launch(
             row_ranges(core, op, inputs, outputs, s, inputs.len())
         }
         LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
+        CrossEntropy | CrossEntropyBackward => {
+            row_ranges(core, op, inputs, outputs, s, inputs.len())
+        }
         _ => Err(too_large(core, op, inputs, outputs)),
     }
 }

@@ -5,7 +5,7 @@ use tessera::{DType, Op};
 use super::{fixed, input, stats, uniform, Gen, Input, Sample};
 
 /// Targets in `lo..hi`; values outside `0..V` are ignored rows.
-fn targets(n: usize, dtype: DType, lo: i64, hi: i64) -> Input {
+pub(super) fn targets(n: usize, dtype: DType, lo: i64, hi: i64) -> Input {
     fixed(&[n], dtype, Gen::Ints { lo, hi })
 }
 
@@ -26,16 +26,40 @@ fn cases() -> Vec<(usize, usize, Input)> {
     ]
 }
 
+/// The forward sample of `[n, v]` logits and targets `t`.
+pub(super) fn forward_case(n: usize, v: usize, t: Input) -> Sample {
+    let desc = format!("[{n}, {v}] {} targets", t.kind_name());
+    Sample::new(
+        Op::CrossEntropy,
+        desc,
+        vec![input(&[n, v], uniform(-3.0, 3.0)), t],
+    )
+    .reduce(v)
+}
+
+/// The backward sample of `[n, v]` logits, targets `t`, their log-sum-exp and a gradient.
+pub(super) fn backward_case(n: usize, v: usize, t: Input) -> Sample {
+    let desc = format!("[{n}, {v}] {} targets", t.kind_name());
+    let lse = stats(
+        &[n],
+        Gen::Forward {
+            op: Op::CrossEntropy,
+            args: vec![0, 1],
+            scalars: vec![],
+            output: 1,
+        },
+    );
+    let inputs = vec![
+        input(&[n, v], uniform(-3.0, 3.0)),
+        t,
+        lse,
+        stats(&[n], uniform(-1.0, 1.0)),
+    ];
+    Sample::new(Op::CrossEntropyBackward, desc, inputs).reduce(v)
+}
+
 pub(super) fn forward() -> Vec<Sample> {
-    let case = |n: usize, v: usize, t: Input| {
-        let desc = format!("[{n}, {v}] {} targets", t.kind_name());
-        Sample::new(
-            Op::CrossEntropy,
-            desc,
-            vec![input(&[n, v], uniform(-3.0, 3.0)), t],
-        )
-        .reduce(v)
-    };
+    let case = forward_case;
     let mut out: Vec<Sample> = cases().into_iter().map(|(n, v, t)| case(n, v, t)).collect();
     out.push(case(3, 5, targets(3, DType::I32, 0, 5)).gradcheck());
     out
@@ -44,24 +68,6 @@ pub(super) fn forward() -> Vec<Sample> {
 pub(super) fn backward() -> Vec<Sample> {
     cases()
         .into_iter()
-        .map(|(n, v, t)| {
-            let desc = format!("[{n}, {v}] {} targets", t.kind_name());
-            let lse = stats(
-                &[n],
-                Gen::Forward {
-                    op: Op::CrossEntropy,
-                    args: vec![0, 1],
-                    scalars: vec![],
-                    output: 1,
-                },
-            );
-            let inputs = vec![
-                input(&[n, v], uniform(-3.0, 3.0)),
-                t,
-                lse,
-                stats(&[n], uniform(-1.0, 1.0)),
-            ];
-            Sample::new(Op::CrossEntropyBackward, desc, inputs).reduce(v)
-        })
+        .map(|(n, v, t)| backward_case(n, v, t))
         .collect()
 }

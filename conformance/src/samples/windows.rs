@@ -3,12 +3,12 @@
 //! them over several. Each covers a way an op is split: broadcast operands, sub-word outputs
 //! (bf16), random values that keep their element's index, ids in different windows of an
 //! embedding table, matmuls split along rows, columns and K, and row-wise ops (softmax, layer
-//! norm with its statistics) over ranges of rows.
+//! norm with its statistics, cross-entropy and its backward) over ranges of rows.
 
 use tessera::rng::split_u64;
 use tessera::{DType, Op, UnaryOp};
 
-use super::{fixed, input, uniform, Gen, Sample, View};
+use super::{fixed, input, loss, uniform, Gen, Sample, View};
 
 /// Rows and columns of the largest operands: 134,480,000 bytes in f32, just past 128 MiB.
 pub const ROWS: usize = 8200;
@@ -119,6 +119,16 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
         )
         .scalars(&[1e-5])
         .reduce(cols)],
+        Op::CrossEntropy => vec![loss::forward_case(
+            rows,
+            cols,
+            loss::targets(rows, DType::I32, -1, cols as i64),
+        )],
+        Op::CrossEntropyBackward => vec![loss::backward_case(
+            rows,
+            cols,
+            loss::targets(rows, DType::I32, -1, cols as i64),
+        )],
         Op::SquaredNorm => vec![Sample::new(
             op.clone(),
             format!("{big:?} and [5]"),

@@ -1,12 +1,18 @@
 //! WGSL assembly and launch parameters.
 //!
 //! A kernel's source is the declaration of its parameter block `p` (immediates, or group 0),
-//! `common.wgsl`, then generated declarations for each data binding, then the shared part of
-//! its family file and one of the file's `// @kernel NAME` sections, with placeholders
-//! (upper-case words such as `BODY`) replaced. Binding `K` of group 1 (from 1) gets
-//! `ldK(e) -> f32` and `stK(e, v: f32)` (converting as `Cast` does), `ldnK`/`stnK` in its native type (`f32`, `f16`, `i32`, `u32`; bool as a `u32` 0 or
-//! 1; bf16 as its 16 bits in a `u32`), and for index dtypes `ldiK(e) -> i32` (a u32 past
-//! `i32::MAX` reads as -1, i.e. out of range).
+//! `common.wgsl`, the workgroup reductions of `group_reduce.wgsl` (by subgroups or by a tree),
+//! then generated declarations for each data binding, then the shared part of its family file
+//! and one of the file's `// @kernel NAME` sections, with placeholders (upper-case words such
+//! as `BODY`) replaced. Binding `K` of group 1 (from 1) gets `ldK(e) -> f32` and
+//! `stK(e, v: f32)` (converting as `Cast` does), `ldnK`/`stnK` in its native type (`f32`,
+//! `f16`, `i32`, `u32`; bool as a `u32` 0 or 1; bf16 as its 16 bits in a `u32`), and for
+//! index dtypes `ldiK(e) -> i32` (a u32 past `i32::MAX` reads as -1, i.e. out of range).
+//!
+//! A kernel calling `wg_sum` or `wg_max` ends its entry point's parameters with
+//! `@builtin(local_invocation_index) lid: u32` followed by the placeholder `SUBGROUP_ARGS`,
+//! and starts its body with `SUBGROUP_ENTER`: with subgroups they become the subgroup builtins
+//! and the call that records them for the reductions, without they vanish.
 //!
 //! 16-bit floats are stored as 16 bits and computed in f32: f16 as WGSL's `f16` (the adapter's
 //! `SHADER_F16`), bf16 packed two to a `u32`. Stores round to nearest even. Outputs of bool and

@@ -477,9 +477,17 @@ impl Core {
     }
 
     /// The binding window of a tensor and its element offset inside that window.
+    ///
+    /// A buffer that fits one binding is bound whole, whatever part of it `t` spans, so the
+    /// launches over one buffer share one cached bind group (decoding's views of a growing
+    /// KV cache would otherwise need a new one every token).
     pub(crate) fn view<'a>(&self, t: &TensorRef<'a>) -> Result<(Bind<'a>, u32)> {
         let buf = wgpu_buffer(t.buffer)?;
-        let (aligned, window) = self.window(t)?;
+        let (aligned, window) = if buf.capacity() <= self.max_binding {
+            (0, buf.capacity())
+        } else {
+            self.window(t)?
+        };
         if window > self.max_binding || aligned + window > buf.capacity() {
             return Err(Error::unsupported(
                 "wgpu",

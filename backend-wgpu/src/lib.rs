@@ -14,9 +14,12 @@
 //!   uniform arrays would need 16-byte elements) and reached through a dynamic offset. With
 //!   `WgpuOptions::immediates`, where the adapter has immediates (`IMMEDIATES`, Vulkan push
 //!   constants), a launch of up to 64 words passes them as immediates instead; that is not the
-//!   default because it measured slower on the H100 (see `WgpuOptions`). No buffer is created per dispatch. The parameter buffer is bind
-//!   group 0 and the data bind group 1, so data bind groups are cached by the buffers they bind
-//!   alone, and serve pipelines of both kinds.
+//!   default because it measured slower on the H100 (see `WgpuOptions`). No buffer is created
+//!   per dispatch. The parameter buffer is bind group 0 and the data bind group 1, so data bind
+//!   groups are cached by the buffers they bind alone, and serve pipelines of both kinds. A
+//!   buffer that fits one binding is bound whole (views reach their elements by offset), so
+//!   launches over different parts of it, such as a KV cache growing by a row per decoded
+//!   token, reuse one bind group.
 //! - Dispatches are recorded into one command encoder and submitted at sync points: a read, a
 //!   `synchronize`, a host write, or every 32 dispatches, so the GPU works while the host
 //!   records the rest.

@@ -9,7 +9,7 @@
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::shader::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("kernels/attention.wgsl");
 const ROTARY: &str = include_str!("kernels/rotary.wgsl");
@@ -41,7 +41,7 @@ pub(crate) fn launch(
                 &key(op, inputs, outputs, "rotary"),
                 ROTARY,
                 "rotary",
-                &[],
+                no_subst,
                 inputs,
                 outputs,
                 groups_for(n),
@@ -83,14 +83,13 @@ pub(crate) fn launch(
             };
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
-                let subst = head.subst(section);
                 let variant = format!("{section}/{}/{}/{}", head.kdim, head.vdim, head.tile);
                 run(
                     core,
                     &key(op, inputs, outs, &variant),
                     SRC,
                     section_of(section),
-                    &subst,
+                    || Ok(head.subst(section)),
                     inputs,
                     outs,
                     groups,

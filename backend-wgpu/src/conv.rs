@@ -9,7 +9,7 @@ use tessera_core::{Conv2dParams, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::matmul;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::shader::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("kernels/conv.wgsl");
 
@@ -93,7 +93,7 @@ pub(crate) fn launch(
             &key(op, ins, outs, "im2col"),
             SRC,
             "im2col",
-            &[],
+            no_subst,
             ins,
             outs,
             groups_for(n * ckk * l),
@@ -141,7 +141,7 @@ pub(crate) fn launch(
                 &key(op, ins, outputs, "col2im"),
                 SRC,
                 "col2im",
-                &[],
+                no_subst,
                 ins,
                 outputs,
                 groups_for(n * c * h * w),

@@ -113,10 +113,44 @@ pub(crate) fn launch(
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
+    let tensors: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
+    let strides: Vec<&[usize]> = tensors.iter().map(|t| &t.layout.strides[..]).collect();
+    let (shape, strides) = coalesce(&outputs[0].layout.shape, &strides);
+    let n = outputs[0].layout.numel();
+    let rank = shape.len();
+    run(
+        core,
+        &key(op, inputs, outputs, &format!("map{rank}")),
+        SRC,
+        "map",
+        || {
+            Ok(vec![
+                ("OFFSETS", offsets(rank, inputs.len() + outputs.len())),
+                ("BODY", map_body(op, inputs)?),
+            ])
+        },
+        inputs,
+        outputs,
+        groups_for(n),
+        |offs, p| {
+            p.u(n).u(rank);
+            for k in 0..4 {
+                p.f(s.get(k).copied().unwrap_or(0.0));
+            }
+            p.all(&shape);
+            for (st, off) in strides.iter().zip(offs) {
+                p.u(*off).all(st);
+            }
+        },
+    )
+}
+
+/// The code one thread runs on its element (offsets `o0`, `o1`, ... of the operands).
+fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Result<String> {
     let ni = inputs.len();
     let o = |k: usize| format!("o{k}");
     let out = ni + 1;
-    let body = match op {
+    Ok(match op {
         // Casts from or to a 16-bit float pass through f32, which holds both exactly.
         Op::Cast { to } if sixteen_bit(inputs[0].dtype) || sixteen_bit(*to) => {
             format!("st{out}({}, ld1({}));", o(1), o(0))
@@ -150,32 +184,7 @@ pub(crate) fn launch(
             o(4)
         ),
         _ => return Err(unsupported(op)),
-    };
-    let tensors: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
-    let strides: Vec<&[usize]> = tensors.iter().map(|t| &t.layout.strides[..]).collect();
-    let (shape, strides) = coalesce(&outputs[0].layout.shape, &strides);
-    let n = outputs[0].layout.numel();
-    let rank = shape.len();
-    run(
-        core,
-        &key(op, inputs, outputs, &format!("map{rank}")),
-        SRC,
-        "map",
-        &[("OFFSETS", offsets(rank, tensors.len())), ("BODY", body)],
-        inputs,
-        outputs,
-        groups_for(n),
-        |offs, p| {
-            p.u(n).u(rank);
-            for k in 0..4 {
-                p.f(s.get(k).copied().unwrap_or(0.0));
-            }
-            p.all(&shape);
-            for (st, off) in strides.iter().zip(offs) {
-                p.u(*off).all(st);
-            }
-        },
-    )
+    })
 }
 
 /// `shape` and each operand's `strides` with size-1 dimensions dropped and neighbouring

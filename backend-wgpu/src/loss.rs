@@ -3,7 +3,7 @@
 use tessera_core::{Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::shader::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("kernels/loss.wgsl");
 
@@ -24,7 +24,7 @@ pub(crate) fn launch(
         &key(op, inputs, outputs, section),
         SRC,
         section,
-        &[],
+        no_subst,
         inputs,
         outputs,
         groups,

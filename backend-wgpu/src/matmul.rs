@@ -184,15 +184,13 @@ pub(crate) fn launch(
         splits: 1,
         k_per_split: k,
     };
+    let lanes = few_rows_lanes(n);
     let (section, variant, grid) = if few_rows {
-        let lanes = few_rows_lanes(n);
-        subst.extend(few_rows_code(m, lanes));
         let grid = [core.dim(n.div_ceil(256 / lanes)), 1, core.dim(batch)];
         ("rows", format!("rows{m}x{lanes}"), grid)
     } else if tensor_cores {
         subst[2].1 = a_at.replace("along", "coop");
         subst[3].1 = b_at.replace("along", "coop");
-        subst.extend(coop_staging_code());
         ("coop", format!("coop/{a_at}/{b_at}"), tile_grid)
     } else {
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
@@ -211,7 +209,14 @@ pub(crate) fn launch(
         &key(op, inputs, outputs, &variant),
         SRC,
         section,
-        &subst,
+        move || {
+            match section {
+                "rows" => subst.extend(few_rows_code(m, lanes)),
+                "coop" => subst.extend(coop_staging_code()),
+                _ => {}
+            }
+            Ok(subst)
+        },
         inputs,
         outputs,
         grid,
@@ -269,7 +274,7 @@ fn launch_split(
         &key(op, &inputs[..2], &[sums], &variant),
         SRC,
         "matmul",
-        &split_subst,
+        || Ok(split_subst),
         &inputs[..2],
         &[sums],
         [
@@ -309,7 +314,7 @@ fn sum_splits(
         &key(op, &bound, outputs, "sum_splits"),
         SRC,
         "sum_splits",
-        finish,
+        || Ok(finish.to_vec()),
         &bound,
         outputs,
         groups_for(problem.batch * problem.m * problem.n),

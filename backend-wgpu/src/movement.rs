@@ -7,7 +7,7 @@
 use tessera_core::{contiguous_strides, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::shader::{groups_for, key, no_subst, run, unsupported};
 use crate::{elementwise, random, windows};
 
 const SRC: &str = include_str!("kernels/movement.wgsl");
@@ -86,7 +86,7 @@ pub(crate) fn launch(
                         &k("embedding"),
                         SRC,
                         "embedding",
-                        &[],
+                        no_subst,
                         &ins,
                         &outs,
                         groups_for(m),
@@ -158,7 +158,7 @@ pub(crate) fn launch(
                         &key(op, &ins[..1], links, "embedding_links"),
                         SRC,
                         "embedding_links",
-                        &[],
+                        no_subst,
                         &ins[..1],
                         links,
                         groups_for(count),
@@ -173,7 +173,7 @@ pub(crate) fn launch(
                         &key(op, &ins, &with_links, "embedding_backward"),
                         SRC,
                         "embedding_backward",
-                        &[],
+                        no_subst,
                         &ins,
                         &with_links,
                         groups_for(m),
@@ -201,7 +201,7 @@ pub(crate) fn launch(
                 &k("gather"),
                 SRC,
                 "gather",
-                &[],
+                no_subst,
                 inputs,
                 outputs,
                 groups_for(n),
@@ -223,7 +223,7 @@ pub(crate) fn launch(
                 &k("scatter_add"),
                 SRC,
                 "scatter_add",
-                &[],
+                no_subst,
                 inputs,
                 outputs,
                 groups_for(n),

@@ -4,7 +4,7 @@
 use tessera_core::{Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{key, run, unsupported};
+use crate::shader::{key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("kernels/norm.wgsl");
 
@@ -29,7 +29,7 @@ pub(crate) fn launch(
             &k(section),
             SRC,
             section,
-            &[],
+            no_subst,
             inputs,
             outputs,
             groups as u64,

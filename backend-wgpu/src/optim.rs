@@ -4,7 +4,7 @@
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::shader::{groups_for, key, no_subst, run, unsupported};
 use crate::windows;
 
 const SRC: &str = include_str!("kernels/optim.wgsl");
@@ -36,7 +36,7 @@ pub(crate) fn launch(
                 &k("adam"),
                 SRC,
                 "adam",
-                &[("DECAY", decay.into())],
+                || Ok(vec![("DECAY", decay.into())]),
                 inputs,
                 outputs,
                 groups_for(n),
@@ -81,7 +81,7 @@ pub(crate) fn launch(
                 &k("sgd"),
                 SRC,
                 "sgd",
-                &subst,
+                || Ok(subst.to_vec()),
                 inputs,
                 outputs,
                 groups_for(n),
@@ -133,7 +133,7 @@ pub(crate) fn launch(
                         &key(op, &ins, outs, "squares"),
                         SRC,
                         "squares",
-                        &[],
+                        no_subst,
                         &ins,
                         outs,
                         c as u64,
@@ -158,7 +158,7 @@ pub(crate) fn launch(
                 &key(op, ins, outputs, "sum_partials"),
                 SRC,
                 "sum_partials",
-                &[],
+                no_subst,
                 ins,
                 outputs,
                 1,

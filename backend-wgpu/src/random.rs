@@ -3,7 +3,7 @@
 use tessera_core::{DType, Element, Error, Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{groups_for, key, native, run, unsupported};
+use crate::shader::{groups_for, key, native, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("kernels/random.wgsl");
 
@@ -61,7 +61,7 @@ pub(crate) fn launch(
                 &k("fill"),
                 SRC,
                 "fill",
-                &subst,
+                || Ok(subst.to_vec()),
                 &[],
                 outputs,
                 groups,
@@ -96,7 +96,7 @@ pub(crate) fn launch(
                 &k("arange"),
                 SRC,
                 "arange_float",
-                &[("STORE", store.into())],
+                || Ok(vec![("STORE", store.into())]),
                 &[],
                 outputs,
                 groups,
@@ -116,7 +116,7 @@ pub(crate) fn launch(
                 &k(section),
                 SRC,
                 section,
-                &[],
+                no_subst,
                 &[],
                 outputs,
                 groups,

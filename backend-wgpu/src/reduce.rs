@@ -4,7 +4,7 @@
 use tessera_core::{Op, ReduceOp, Result, TensorRef};
 
 use crate::device::Core;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::shader::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("kernels/reduce.wgsl");
 
@@ -66,7 +66,7 @@ pub(crate) fn launch(
                 &k(section),
                 SRC,
                 section,
-                &subst,
+                || Ok(subst.to_vec()),
                 inputs,
                 outputs,
                 groups,
@@ -85,7 +85,7 @@ pub(crate) fn launch(
                 &k("argmax"),
                 SRC,
                 "argmax",
-                &[],
+                no_subst,
                 inputs,
                 outputs,
                 nout as u64,
@@ -109,7 +109,7 @@ pub(crate) fn launch(
                 &k("softmax"),
                 SRC,
                 "softmax",
-                &[("SOFTMAX_OUT", out.into())],
+                || Ok(vec![("SOFTMAX_OUT", out.into())]),
                 inputs,
                 outputs,
                 groups,
@@ -133,7 +133,7 @@ pub(crate) fn launch(
                 &k("softmax_backward"),
                 SRC,
                 "softmax_backward",
-                &subst,
+                || Ok(subst.to_vec()),
                 inputs,
                 outputs,
                 groups,

@@ -21,7 +21,7 @@
 
 use tessera_core::{DType, Error, Result, TensorRef};
 
-use crate::device::{Bind, Core};
+use crate::device::Core;
 
 const COMMON: &str = include_str!("kernels/common.wgsl");
 const GROUP_REDUCE: &str = include_str!("kernels/group_reduce.wgsl");
@@ -232,23 +232,6 @@ impl Params {
     }
 }
 
-/// The binding windows of `tensors` and each one's element offset inside its window.
-pub(crate) struct Views<'a> {
-    pub binds: Vec<Bind<'a>>,
-    pub offs: Vec<usize>,
-}
-
-pub(crate) fn views<'a>(core: &Core, tensors: &[&TensorRef<'a>]) -> Result<Views<'a>> {
-    let mut binds = Vec::with_capacity(tensors.len());
-    let mut offs = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let (b, o) = core.view(t)?;
-        binds.push(b);
-        offs.push(o as usize);
-    }
-    Ok(Views { binds, offs })
-}
-
 /// Binding kinds for inputs followed by outputs.
 pub(crate) fn kinds(inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>]) -> Vec<(DType, bool)> {
     inputs
@@ -258,16 +241,26 @@ pub(crate) fn kinds(inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>]) -> Vec<
         .collect()
 }
 
+/// A kernel's placeholders and the code replacing them.
+pub(crate) type Subst = Vec<(&'static str, String)>;
+
+/// The substitutions of a kernel without placeholders.
+pub(crate) fn no_subst() -> Result<Subst> {
+    Ok(Vec::new())
+}
+
 /// Everything in one place for the common case: views of `inputs` then `outputs`, the
-/// pipeline `key` built from `family`'s `section`, and a dispatch of `groups` workgroups
-/// (spread over a 2-D grid) with parameters made by `params` from the element offsets.
+/// pipeline `key` built from `family`'s `section` with the placeholders `subst` gives (called
+/// only when the pipeline is not cached yet: generating code costs more host time than the
+/// rest of a launch), and a dispatch of `groups` workgroups (spread over a 2-D grid) with
+/// parameters made by `params` from the element offsets.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     core: &Core,
     key: &str,
     family: &str,
     section: &str,
-    subst: &[(&str, String)],
+    subst: impl FnOnce() -> Result<Subst>,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     groups: u64,
@@ -290,22 +283,32 @@ pub(crate) fn run_grid(
     key: &str,
     family: &str,
     section: &str,
-    subst: &[(&str, String)],
+    subst: impl FnOnce() -> Result<Subst>,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     grid: [u32; 3],
     params: impl FnOnce(&[usize], &mut Params),
 ) -> Result<()> {
-    let all: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
-    let v = views(core, &all)?;
+    let mut binds = Vec::with_capacity(inputs.len() + outputs.len());
+    let mut offs = Vec::with_capacity(inputs.len() + outputs.len());
+    for t in inputs.iter().chain(outputs) {
+        let (b, o) = core.view(t)?;
+        binds.push(b);
+        offs.push(o as usize);
+    }
     let mut p = Params::default();
-    params(&v.offs, &mut p);
-    let kinds = kinds(inputs, outputs);
+    params(&offs, &mut p);
     let build = core.build(p.0.len());
-    let pipe = core.pipeline(key, v.binds.len(), build.immediate_words.is_some(), || {
-        source(family, section, &kinds, subst, build)
+    let pipe = core.pipeline(key, binds.len(), build.immediate_words.is_some(), || {
+        Ok(source(
+            family,
+            section,
+            &kinds(inputs, outputs),
+            &subst()?,
+            build,
+        ))
     })?;
-    core.dispatch(&pipe, &v.binds, &p.0, grid)
+    core.dispatch(&pipe, &binds, &p.0, grid)
 }
 
 /// The cache key of a kernel: op, dtypes of its bindings and a variant name.
@@ -315,12 +318,16 @@ pub(crate) fn key(
     outputs: &[TensorRef<'_>],
     variant: &str,
 ) -> String {
-    let d: Vec<&str> = inputs
-        .iter()
-        .chain(outputs)
-        .map(|t| t.dtype.name())
-        .collect();
-    format!("{op:?}/{}/{variant}", d.join(","))
+    let mut key = format!("{op:?}/");
+    for (i, t) in inputs.iter().chain(outputs).enumerate() {
+        if i > 0 {
+            key.push(',');
+        }
+        key.push_str(t.dtype.name());
+    }
+    key.push('/');
+    key.push_str(variant);
+    key
 }
 
 /// An op this backend does not run (yet), as the catalog error.

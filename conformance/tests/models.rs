@@ -13,10 +13,11 @@ use std::sync::Arc;
 use serde_json::Value;
 use tessera::generate::{generate, GenerateOptions, Sampling};
 use tessera::io::{self, HostTensor};
-use tessera::models::Transformer;
+use tessera::models::{Transformer, TransformerConfig};
+use tessera::nn::KvCache;
 use tessera::optim::{Adam, Optimizer, ParamGroup};
 use tessera::rng::RngState;
-use tessera::{DType, Device, Tensor};
+use tessera::{no_grad, DType, Device, Tensor};
 use tessera_conformance::{devices_under_test, shared_dir};
 
 /// Absolute tolerance of gradients and updated parameters (the f32 bar).
@@ -271,6 +272,53 @@ fn hugging_face_fixtures_match_on_every_device() {
                 dir.display(),
                 device.info().id()
             );
+        }
+    }
+}
+
+/// Decoding through the KV cache (a 5-token prompt, then one token at a time, past the cache's
+/// first capacity of 64 positions, so it grows) gives the logits of one forward pass over the
+/// whole sequence: GPT-2 (keys and values go into the cache straight from the fused
+/// projection) and Llama (rotary embedding, grouped-query heads). Kernels differ between the
+/// two ways (few-row matmuls, decoding attention), so they agree to f32 rounding.
+#[test]
+fn cached_decoding_matches_a_full_forward_on_every_device() {
+    const VOCAB: usize = 50;
+    const LEN: usize = 80;
+    const PROMPT: usize = 5;
+    let configs = [
+        TransformerConfig::gpt2(VOCAB, 96, 32, 2, 4),
+        TransformerConfig::llama(VOCAB, 96, 32, 2, 4, 2, 64),
+    ];
+    let ids: Vec<u32> = (0..LEN as u32)
+        .map(|i| (7 * i + 3) % VOCAB as u32)
+        .collect();
+    let _no_grad = no_grad();
+    for device in devices_under_test() {
+        for config in &configs {
+            let label = format!("{:?} on {}", config.family, device.info().id());
+            let model =
+                Transformer::new(config, &device, DType::F32, &mut RngState::new(5)).unwrap();
+            let logits = |ids: &[u32], cache: Option<&mut KvCache>| {
+                let ids = Tensor::from_slice(ids, &[1, ids.len()], &device).unwrap();
+                model.forward(&ids, cache).unwrap().to_vec_f64().unwrap()
+            };
+            let full = logits(&ids, None);
+            let mut cache = KvCache::new(config.n_layer);
+            let mut cached = logits(&ids[..PROMPT], Some(&mut cache));
+            for id in &ids[PROMPT..] {
+                cached.extend(logits(std::slice::from_ref(id), Some(&mut cache)));
+            }
+            assert_eq!(cache.len(), LEN, "{label}: cached positions");
+            assert_eq!(cached.len(), full.len(), "{label}: logits");
+            for (i, (got, want)) in cached.iter().zip(&full).enumerate() {
+                assert!(
+                    (got - want).abs() <= 1e-4 + 1e-4 * want.abs(),
+                    "{label}: logit {} of position {}: cached {got}, full {want}",
+                    i % VOCAB,
+                    i / VOCAB
+                );
+            }
         }
     }
 }

@@ -89,14 +89,14 @@ impl KvCache {
     }
 }
 
-/// One layer's keys and values: buffers `[B, Hkv, capacity, D]` whose first `len` positions
-/// are filled. New positions are written in place and attention reads views of the filled
-/// part (it reads keys and values with heads further apart than their rows), so a decoding
-/// step writes one row per head instead of copying the whole cache; a full buffer grows to
-/// twice its capacity, copied once.
+/// One layer's keys and values: one buffer `[2, B, Hkv, capacity, D]` (keys, then values)
+/// whose first `len` positions are filled. New positions are written in place and attention
+/// reads views of the filled part (it reads keys and values with heads further apart than
+/// their rows), so a decoding step writes one row per head instead of copying the whole
+/// cache; a full buffer grows to twice its capacity, copied once. Keys and values share the
+/// buffer so that a fused projection's keys and values go in with one copy.
 pub struct LayerCache {
-    k: Tensor,
-    v: Tensor,
+    kv: Tensor,
     len: usize,
 }
 
@@ -108,36 +108,56 @@ impl LayerCache {
     /// as needed, and returns views of every cached position.
     fn append(slot: &mut Option<LayerCache>, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = k.shape()[2];
+        let cache = Self::reserve(slot, k, t)?;
+        for (i, x) in [k, v].into_iter().enumerate() {
+            cache
+                .kv
+                .select(0, i as isize)?
+                .narrow(2, cache.len, t)?
+                .copy_from(x)?;
+        }
+        cache.filled(t)
+    }
+
+    /// As [`LayerCache::append`] for keys and values stacked as `kv [2, B, Hkv, T, D]` (a
+    /// view of a fused projection's output): one copy.
+    fn append_stacked(slot: &mut Option<LayerCache>, kv: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = kv.shape()[3];
+        let cache = Self::reserve(slot, &kv.select(0, 0)?, t)?;
+        cache.kv.narrow(3, cache.len, t)?.copy_from(kv)?;
+        cache.filled(t)
+    }
+
+    /// The cache in `slot` with room for `t` more positions of keys like `k` (`[B, Hkv, T,
+    /// D]`), created or grown as needed.
+    fn reserve<'a>(
+        slot: &'a mut Option<LayerCache>,
+        k: &Tensor,
+        t: usize,
+    ) -> Result<&'a mut LayerCache> {
         let len = slot.as_ref().map_or(0, |c| c.len);
-        let capacity = slot.as_ref().map_or(0, |c| c.k.shape()[2]);
+        let capacity = slot.as_ref().map_or(0, |c| c.kv.shape()[3]);
         if len + t > capacity {
             let capacity = (len + t).max(2 * capacity).max(MIN_CAPACITY);
-            let grown = |x: &Tensor, old: Option<&Tensor>| -> Result<Tensor> {
-                let mut shape = x.shape().to_vec();
-                shape[2] = capacity;
-                let buf = Tensor::zeros(&shape, x.dtype(), x.device())?;
-                if let Some(old) = old {
-                    buf.narrow(2, 0, len)?.copy_from(&old.narrow(2, 0, len)?)?;
-                }
-                Ok(buf)
-            };
-            let old = slot.take();
-            *slot = Some(LayerCache {
-                k: grown(k, old.as_ref().map(|c| &c.k))?,
-                v: grown(v, old.as_ref().map(|c| &c.v))?,
-                len,
-            });
+            let mut shape = vec![2];
+            shape.extend_from_slice(k.shape());
+            shape[3] = capacity;
+            let kv = Tensor::zeros(&shape, k.dtype(), k.device())?;
+            if let Some(old) = slot.take() {
+                kv.narrow(3, 0, len)?
+                    .copy_from(&old.kv.narrow(3, 0, len)?)?;
+            }
+            *slot = Some(LayerCache { kv, len });
         }
-        let cache = slot
-            .as_mut()
-            .ok_or_else(|| crate::Error::invalid("kv_cache", "no cache after growing it"))?;
-        cache.k.narrow(2, len, t)?.copy_from(k)?;
-        cache.v.narrow(2, len, t)?.copy_from(v)?;
-        cache.len = len + t;
-        Ok((
-            cache.k.narrow(2, 0, len + t)?,
-            cache.v.narrow(2, 0, len + t)?,
-        ))
+        slot.as_mut()
+            .ok_or_else(|| crate::Error::invalid("kv_cache", "no cache after growing it"))
+    }
+
+    /// Counts `t` appended positions and returns views of the keys and values of all.
+    fn filled(&mut self, t: usize) -> Result<(Tensor, Tensor)> {
+        self.len += t;
+        let all = self.kv.narrow(3, 0, self.len)?;
+        Ok((all.select(0, 0)?, all.select(0, 1)?))
     }
 }
 
@@ -178,28 +198,44 @@ impl CausalSelfAttention {
             ));
         };
         let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
-        let (q, k, v) = match &self.qkv {
-            QkvProjection::Fused(lin) => {
-                let y = lin.forward(x)?;
-                (
-                    y.narrow(2, 0, hq * d)?,
-                    y.narrow(2, hq * d, hkv * d)?,
-                    y.narrow(2, (hq + hkv) * d, hkv * d)?,
-                )
-            }
-            QkvProjection::Split { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
-        };
         let heads = |t_: Tensor, h: usize| -> Result<Tensor> {
             t_.reshape(&[b, t, h, d])?.transpose(1, 2)?.contiguous()
         };
-        let (mut q, mut k, mut v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
-        if let Some(rot) = &self.rotary {
-            q = rot.apply(&q, start)?;
-            k = rot.apply(&k, start)?;
-        }
-        if let Some(slot) = cache {
-            (k, v) = LayerCache::append(slot, &k, &v)?;
-        }
+        let (q, k, v) = match (&self.qkv, cache) {
+            // A fused projection's keys and values without rotary embedding (GPT-2) go into
+            // the cache straight from the projection's output, with one copy.
+            (QkvProjection::Fused(lin), Some(slot)) if self.rotary.is_none() && hq == hkv => {
+                let y = lin.forward(x)?.reshape(&[b, t, 3, hq, d])?;
+                let q = y.select(2, 0)?.transpose(1, 2)?.contiguous()?;
+                let kv = y.narrow(2, 1, 2)?.permute(&[2, 0, 3, 1, 4])?;
+                let (k, v) = LayerCache::append_stacked(slot, &kv)?;
+                (q, k, v)
+            }
+            (qkv, cache) => {
+                let (q, k, v) = match qkv {
+                    QkvProjection::Fused(lin) => {
+                        let y = lin.forward(x)?;
+                        (
+                            y.narrow(2, 0, hq * d)?,
+                            y.narrow(2, hq * d, hkv * d)?,
+                            y.narrow(2, (hq + hkv) * d, hkv * d)?,
+                        )
+                    }
+                    QkvProjection::Split { q, k, v } => {
+                        (q.forward(x)?, k.forward(x)?, v.forward(x)?)
+                    }
+                };
+                let (mut q, mut k, mut v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
+                if let Some(rot) = &self.rotary {
+                    q = rot.apply(&q, start)?;
+                    k = rot.apply(&k, start)?;
+                }
+                if let Some(slot) = cache {
+                    (k, v) = LayerCache::append(slot, &k, &v)?;
+                }
+                (q, k, v)
+            }
+        };
         let y = Tensor::attention(&q, &k, &v, true, 1.0 / (d as f64).sqrt())?;
         let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;
         self.out.forward_plus(&y, residual)

@@ -3,14 +3,17 @@
 //! An op whose operands all fit runs as one launch. Otherwise it runs as several, each
 //! binding windows of its operands that fit. Every output element is computed by the same
 //! code from the same inputs, so results are those of one launch, except where a sum is
-//! split (matmul along K, embedding backward over ranges of positions): the parts' sums are
-//! added in a fixed order, deterministic but rounded differently. How each op splits:
+//! split (matmul along K, embedding backward over ranges of positions, norm weight gradients
+//! over ranges of rows, reductions along a reduced dimension): the parts' sums are added in a
+//! fixed order, deterministic but rounded differently. How each op splits:
 //! - elementwise ops halve the dimension along which their widest operand reaches furthest
 //!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,
 //!   random values keeping their element's index in the whole tensor;
-//! - row-wise ops (the softmax family and its backward, layer and RMS norm, cross-entropy
-//!   and its backward) run over ranges of whole rows;
+//! - row-wise ops (the softmax family and its backward, layer and RMS norm and their
+//!   backward, cross-entropy and its backward) run over ranges of whole rows;
+//! - reductions and argmax halve their input along kept dimensions, and reductions along
+//!   reduced ones into partial results (`reduce_windows`);
 //! - the squared norm, embedding and embedding backward (ranges of table rows and of
 //!   positions), concat (a copy per input) and matmul split their work themselves
 //!   (`optim.rs`, `movement.rs`, `matmul.rs`);
@@ -19,7 +22,9 @@
 //! A part that cannot shrink (one element, or one row of an embedding, wider than a binding)
 //! is `Unsupported` too.
 
-use tessera_core::{Error, Layout, Op, Result, TensorRef};
+use std::sync::Arc;
+
+use tessera_core::{Buffer, DType, Error, Layout, Op, ReduceOp, Result, TensorRef, UnaryOp};
 
 use crate::device::{launch_family, Core};
 use crate::{matmul, random};
@@ -60,6 +65,8 @@ pub(crate) fn launch(
             row_ranges(core, op, inputs, outputs, s, inputs.len())
         }
         LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
+        LayerNormBackward | RmsNormBackward => norm_backward_ranges(core, op, inputs, outputs, s),
+        Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, &inputs[0], &outputs[0]),
         CrossEntropy | CrossEntropyBackward => {
             row_ranges(core, op, inputs, outputs, s, inputs.len())
         }
@@ -195,25 +202,20 @@ fn row_ranges(
     if part == 0 || split.iter().any(|t| !t.layout.is_contiguous()) {
         return Err(too_large(core, op, inputs, outputs));
     }
-    // Rows `first..first + len` of `t` as a `[len, per_row]` matrix (statistics `[len, 1]`:
-    // kernels take the row count and length from the first input).
-    let rows_of = |t: &TensorRef<'_>, first: usize, len: usize| -> Layout {
-        let per_row = t.layout.numel() / rows;
-        let mut layout = Layout::contiguous(&[len, per_row]);
-        layout.offset = t.layout.offset + first * per_row;
-        layout
-    };
     for first in (0..rows).step_by(part) {
         let len = part.min(rows - first);
         let li: Vec<Layout> = inputs
             .iter()
             .enumerate()
             .map(|(k, t)| match k < row_inputs {
-                true => rows_of(t, first, len),
+                true => rows_of(t, rows, first, len),
                 false => t.layout.clone(),
             })
             .collect();
-        let lo: Vec<Layout> = outputs.iter().map(|t| rows_of(t, first, len)).collect();
+        let lo: Vec<Layout> = outputs
+            .iter()
+            .map(|t| rows_of(t, rows, first, len))
+            .collect();
         launch_family(
             core,
             op,
@@ -223,6 +225,217 @@ fn row_ranges(
         )?;
     }
     Ok(())
+}
+
+/// Rows `first..first + len` of `t` (row-major, `rows` rows) as a `[len, per_row]` matrix
+/// (statistics `[len, 1]`: kernels take the row count and length from the first input).
+fn rows_of(t: &TensorRef<'_>, rows: usize, first: usize, len: usize) -> Layout {
+    let per_row = t.layout.numel() / rows;
+    let mut layout = Layout::contiguous(&[len, per_row]);
+    layout.offset = t.layout.offset + first * per_row;
+    layout
+}
+
+/// Layer and RMS norm backward over ranges of whole rows. `dx` comes out per range as in one
+/// launch; the weight (and bias) gradients sum over every row, so each range writes its sums
+/// to an f32 row of partial sums, and a reduction adds those rows in range order
+/// (deterministic, rounded differently from one launch).
+fn norm_backward_ranges(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    // Inputs: x, weight, statistics..., dy; outputs: dx, then the weight-shaped gradients.
+    let n = inputs[0].layout.shape.last().copied().unwrap_or(1).max(1);
+    let rows = inputs[0].layout.numel() / n;
+    let per_row = |k: usize| k != 1;
+    let split: Vec<&TensorRef<'_>> = inputs
+        .iter()
+        .enumerate()
+        .filter(|&(k, _)| per_row(k))
+        .map(|(_, t)| t)
+        .chain(&outputs[..1])
+        .collect();
+    let widest = split.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
+    let part = core.max_binding().saturating_sub(core.align()) as usize / (n * widest);
+    if part == 0 || split.iter().any(|t| !t.layout.is_contiguous()) {
+        return Err(too_large(core, op, inputs, outputs));
+    }
+    let parts = rows.div_ceil(part);
+    let grads = &outputs[1..];
+    let sums = core.scratch(4 * parts * n * grads.len())?;
+    let partial = |g: usize, p: usize| Layout {
+        shape: vec![n],
+        strides: vec![1],
+        offset: (g * parts + p) * n,
+    };
+    fn f32_sums<'a>(buffer: &'a Arc<dyn Buffer>, layout: &'a Layout) -> TensorRef<'a> {
+        TensorRef {
+            buffer,
+            layout,
+            dtype: DType::F32,
+        }
+    }
+    for (p, first) in (0..rows).step_by(part).enumerate() {
+        let len = part.min(rows - first);
+        let li: Vec<Layout> = inputs
+            .iter()
+            .enumerate()
+            .map(|(k, t)| match per_row(k) {
+                true => rows_of(t, rows, first, len),
+                false => t.layout.clone(),
+            })
+            .collect();
+        let dx = rows_of(&outputs[0], rows, first, len);
+        let partials: Vec<Layout> = (0..grads.len()).map(|g| partial(g, p)).collect();
+        let mut outs = vec![with_layout(&outputs[0], &dx)];
+        outs.extend(partials.iter().map(|l| f32_sums(&sums, l)));
+        launch_family(core, op, &with_layouts(inputs, &li), &outs, s)?;
+    }
+    let add_rows = Op::Reduce {
+        op: ReduceOp::Sum,
+        axes: vec![0],
+        keepdim: false,
+    };
+    for (g, grad) in grads.iter().enumerate() {
+        let stacked = Layout {
+            shape: vec![parts, n],
+            strides: vec![n, 1],
+            offset: g * parts * n,
+        };
+        launch_family(
+            core,
+            &add_rows,
+            &[f32_sums(&sums, &stacked)],
+            &[grad.clone()],
+            &[],
+        )?;
+    }
+    Ok(())
+}
+
+/// A reduction (or argmax) over windows: halves of the dimension along which the input
+/// reaches furthest, recursively, until each part fits. A kept dimension splits input and
+/// output alike. A reduced one splits the input into two halves reduced into f32 partial
+/// results (sums for a mean), which a reduction over the pair combines (a mean's sum then
+/// scaled by one over the count): deterministic, and for sums and means rounded differently
+/// from one launch. Argmax over a reduced extent wider than a binding stays `Unsupported`.
+fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) -> Result<()> {
+    let (axes, keepdim) = match op {
+        Op::Reduce { axes, keepdim, .. } => (&axes[..], *keepdim),
+        Op::ArgMax { axis, keepdim } => (std::slice::from_ref(axis), *keepdim),
+        _ => return Err(too_large(core, op, &[x.clone()], &[out.clone()])),
+    };
+    if core.fits(&[x.clone(), out.clone()]) {
+        return launch_family(core, op, &[x.clone()], &[out.clone()], &[]);
+    }
+    let unsupported = || Err(too_large(core, op, &[x.clone()], &[out.clone()]));
+    let l = x.layout;
+    let reach = |d: usize| l.strides[d] * l.shape[d].saturating_sub(1);
+    let Some(dim) = (0..l.rank())
+        .filter(|&d| reach(d) > 0)
+        .max_by_key(|&d| (reach(d), std::cmp::Reverse(d)))
+    else {
+        return unsupported();
+    };
+    let size = l.shape[dim];
+    let halves = [(0, size / 2), (size / 2, size - size / 2)];
+    if !axes.contains(&dim) {
+        let out_dim = match keepdim {
+            true => dim,
+            false => dim - axes.iter().filter(|&&a| a < dim).count(),
+        };
+        for (start, len) in halves {
+            let (li, lo) = (
+                l.narrow(dim, start, len),
+                out.layout.narrow(out_dim, start, len),
+            );
+            let (x, part) = (with_layout(x, &li), with_layout(out, &lo));
+            if lo.is_contiguous() {
+                reduce_windows(core, op, &x, &part)?;
+                continue;
+            }
+            // The kernels write their outputs in order: reduce into a contiguous buffer, then
+            // copy into the strided part of `out`.
+            let bytes = (lo.numel() * out.dtype.size()).next_multiple_of(4);
+            let buffer = core.scratch(bytes)?;
+            let layout = Layout::contiguous(&lo.shape);
+            let dense = TensorRef {
+                buffer: &buffer,
+                layout: &layout,
+                dtype: out.dtype,
+            };
+            reduce_windows(core, op, &x, &dense)?;
+            launch_family(core, &Op::Copy, &[dense], &[part], &[])?;
+        }
+        return Ok(());
+    }
+    let Op::Reduce { op: kind, .. } = op else {
+        return unsupported();
+    };
+    // A mean is the sum of its partial sums over the count.
+    let (kind, part_op) = match kind {
+        ReduceOp::Mean => (
+            ReduceOp::Sum,
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: axes.to_vec(),
+                keepdim,
+            },
+        ),
+        other => (*other, op.clone()),
+    };
+    let shape = &out.layout.shape;
+    let numel = out.layout.numel();
+    let partials = core.scratch(4 * 2 * numel)?;
+    let parts: Vec<Layout> = (0..2)
+        .map(|i| {
+            let mut layout = Layout::contiguous(shape);
+            layout.offset = i * numel;
+            layout
+        })
+        .collect();
+    for ((start, len), part) in halves.into_iter().zip(&parts) {
+        let li = l.narrow(dim, start, len);
+        let partial = TensorRef {
+            buffer: &partials,
+            layout: part,
+            dtype: DType::F32,
+        };
+        reduce_windows(core, &part_op, &with_layout(x, &li), &partial)?;
+    }
+    let pair = Layout::contiguous(&[&[2], &shape[..]].concat());
+    let combine = Op::Reduce {
+        op: kind,
+        axes: vec![0],
+        keepdim: false,
+    };
+    let pair = TensorRef {
+        buffer: &partials,
+        layout: &pair,
+        dtype: DType::F32,
+    };
+    if part_op == *op {
+        return launch_family(core, &combine, &[pair], &[out.clone()], &[]);
+    }
+    let total = core.scratch(4 * numel)?;
+    let dense = Layout::contiguous(shape);
+    let sum = TensorRef {
+        buffer: &total,
+        layout: &dense,
+        dtype: DType::F32,
+    };
+    launch_family(core, &combine, &[pair], &[sum.clone()], &[])?;
+    let count: usize = axes.iter().map(|&a| l.shape[a]).product();
+    launch_family(
+        core,
+        &Op::Unary(UnaryOp::Affine),
+        &[sum],
+        &[out.clone()],
+        &[1.0 / count as f64, 0.0],
+    )
 }
 
 /// Creation, random and optimizer ops over flat ranges that fit: row-major operands of the

@@ -55,6 +55,10 @@ fn windowed(op: &Op) -> bool {
             | LogSoftmaxBackward
             | LayerNorm
             | RmsNorm
+            | LayerNormBackward
+            | RmsNormBackward
+            | Reduce { .. }
+            | ArgMax { .. }
     )
 }
 

@@ -2,14 +2,15 @@
 //! (128 MiB on lavapipe) at [`ROWS`] x [`COLS`], so backends that bind buffers in windows run
 //! them over several. Each covers a way an op is split: broadcast operands, sub-word outputs
 //! (bf16), random values that keep their element's index, ids in different windows of an
-//! embedding table, matmuls split along rows, columns and K, and row-wise ops (softmax, layer
-//! norm with its statistics, cross-entropy and its backward) over ranges of rows. Splits that
-//! the family samples already take under a small binding cap (the optimizer's flat ranges,
-//! embedding over ranges of positions) have no sample here: each of these costs a minute of
-//! CPU reference time.
+//! embedding table, matmuls split along rows, columns and K, row-wise ops (softmax, layer
+//! norm with its statistics, cross-entropy and its backward) over ranges of rows, and
+//! reductions split along kept dimensions and into partial results along reduced ones. Splits
+//! that the family samples already take under a small binding cap (the optimizer's flat
+//! ranges, embedding over ranges of positions) have no sample here: each of these costs a
+//! minute of CPU reference time.
 
 use tessera::rng::split_u64;
-use tessera::{DType, Op, UnaryOp};
+use tessera::{DType, Op, ReduceOp, UnaryOp};
 
 use super::{fixed, input, loss, uniform, Gen, Sample, View};
 
@@ -78,6 +79,35 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
                 .out_shape(&big)
                 .retype()]
         }
+        // Column sums and minima split the reduced rows into partial results; a mean over
+        // everything splits both ways; row maxima and argmax split the kept rows.
+        Op::Reduce { op: kind, .. } => {
+            let (axes, keepdim): (&[usize], bool) = match kind {
+                ReduceOp::Sum => (&[0], false),
+                ReduceOp::Min => (&[0], true),
+                ReduceOp::Mean => (&[0, 1], false),
+                ReduceOp::Max => (&[1], true),
+            };
+            let len: usize = axes.iter().map(|&a| big[a]).product();
+            vec![Sample::new(
+                Op::Reduce {
+                    op: *kind,
+                    axes: axes.to_vec(),
+                    keepdim,
+                },
+                format!("{big:?} axes {axes:?} keepdim {keepdim}"),
+                vec![input(&big, uniform(-2.0, 2.0))],
+            )
+            .reduce(len)]
+        }
+        Op::ArgMax { .. } => vec![Sample::new(
+            Op::ArgMax {
+                axis: 1,
+                keepdim: false,
+            },
+            format!("{big:?} axis 1"),
+            vec![input(&big, uniform(-2.0, 2.0))],
+        )],
         Op::Softmax => vec![Sample::new(
             op.clone(),
             format!("{big:?}"),

@@ -66,7 +66,7 @@ pub(crate) fn launch(
         }
         LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
         LayerNormBackward | RmsNormBackward => norm_backward_ranges(core, op, inputs, outputs, s),
-        Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, &inputs[0], &outputs[0]),
+        Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, inputs[0], outputs[0]),
         CrossEntropy | CrossEntropyBackward => {
             row_ranges(core, op, inputs, outputs, s, inputs.len())
         }
@@ -309,7 +309,7 @@ fn norm_backward_ranges(
             core,
             &add_rows,
             &[f32_sums(&sums, &stacked)],
-            &[grad.clone()],
+            std::slice::from_ref(grad),
             &[],
         )?;
     }
@@ -322,16 +322,16 @@ fn norm_backward_ranges(
 /// results (sums for a mean), which a reduction over the pair combines (a mean's sum then
 /// scaled by one over the count): deterministic, and for sums and means rounded differently
 /// from one launch. Argmax over a reduced extent wider than a binding stays `Unsupported`.
-fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) -> Result<()> {
+fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) -> Result<()> {
     let (axes, keepdim) = match op {
         Op::Reduce { axes, keepdim, .. } => (&axes[..], *keepdim),
         Op::ArgMax { axis, keepdim } => (std::slice::from_ref(axis), *keepdim),
-        _ => return Err(too_large(core, op, &[x.clone()], &[out.clone()])),
+        _ => return Err(too_large(core, op, &[x], &[out])),
     };
-    if core.fits(&[x.clone(), out.clone()]) {
-        return launch_family(core, op, &[x.clone()], &[out.clone()], &[]);
+    if core.fits(&[x, out]) {
+        return launch_family(core, op, &[x], &[out], &[]);
     }
-    let unsupported = || Err(too_large(core, op, &[x.clone()], &[out.clone()]));
+    let unsupported = || Err(too_large(core, op, &[x], &[out]));
     let l = x.layout;
     let reach = |d: usize| l.strides[d] * l.shape[d].saturating_sub(1);
     let Some(dim) = (0..l.rank())
@@ -352,9 +352,9 @@ fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) 
                 l.narrow(dim, start, len),
                 out.layout.narrow(out_dim, start, len),
             );
-            let (x, part) = (with_layout(x, &li), with_layout(out, &lo));
+            let (x, part) = (with_layout(&x, &li), with_layout(&out, &lo));
             if lo.is_contiguous() {
-                reduce_windows(core, op, &x, &part)?;
+                reduce_windows(core, op, x, part)?;
                 continue;
             }
             // The kernels write their outputs in order: reduce into a contiguous buffer, then
@@ -367,7 +367,7 @@ fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) 
                 layout: &layout,
                 dtype: out.dtype,
             };
-            reduce_windows(core, op, &x, &dense)?;
+            reduce_windows(core, op, x, dense)?;
             launch_family(core, &Op::Copy, &[dense], &[part], &[])?;
         }
         return Ok(());
@@ -404,7 +404,7 @@ fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) 
             layout: part,
             dtype: DType::F32,
         };
-        reduce_windows(core, &part_op, &with_layout(x, &li), &partial)?;
+        reduce_windows(core, &part_op, with_layout(&x, &li), partial)?;
     }
     let pair = Layout::contiguous(&[&[2], &shape[..]].concat());
     let combine = Op::Reduce {
@@ -418,7 +418,7 @@ fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) 
         dtype: DType::F32,
     };
     if part_op == *op {
-        return launch_family(core, &combine, &[pair], &[out.clone()], &[]);
+        return launch_family(core, &combine, &[pair], &[out], &[]);
     }
     let total = core.scratch(4 * numel)?;
     let dense = Layout::contiguous(shape);
@@ -427,13 +427,13 @@ fn reduce_windows(core: &Core, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>) 
         layout: &dense,
         dtype: DType::F32,
     };
-    launch_family(core, &combine, &[pair], &[sum.clone()], &[])?;
+    launch_family(core, &combine, &[pair], &[sum], &[])?;
     let count: usize = axes.iter().map(|&a| l.shape[a]).product();
     launch_family(
         core,
         &Op::Unary(UnaryOp::Affine),
         &[sum],
-        &[out.clone()],
+        &[out],
         &[1.0 / count as f64, 0.0],
     )
 }

@@ -14,6 +14,9 @@
 //!   backward, cross-entropy and its backward) run over ranges of whole rows;
 //! - reductions and argmax halve their input along kept dimensions, and reductions along
 //!   reduced ones into partial results (`reduce_windows`);
+//! - rotary embedding halves its rows' outermost dimension (with the tables' rows where that
+//!   is the sequence), attention and its backward the batch, then the key/value heads with
+//!   their query heads: parts of whole heads.
 //! - the squared norm, embedding and embedding backward (ranges of table rows and of
 //!   positions), concat (a copy per input) and matmul split their work themselves
 //!   (`optim.rs`, `movement.rs`, `matmul.rs`);
@@ -67,6 +70,10 @@ pub(crate) fn launch(
         LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
         LayerNormBackward | RmsNormBackward => norm_backward_ranges(core, op, inputs, outputs, s),
         Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, inputs[0], outputs[0]),
+        Rotary => rotary_windows(core, op, inputs, outputs, s),
+        Attention { .. } | AttentionBackward { .. } => {
+            attention_windows(core, op, inputs, outputs, s)
+        }
         CrossEntropy | CrossEntropyBackward => {
             row_ranges(core, op, inputs, outputs, s, inputs.len())
         }
@@ -340,8 +347,7 @@ fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) ->
     else {
         return unsupported();
     };
-    let size = l.shape[dim];
-    let halves = [(0, size / 2), (size / 2, size - size / 2)];
+    let halves = halves(l.shape[dim]);
     if !axes.contains(&dim) {
         let out_dim = match keepdim {
             true => dim,
@@ -436,6 +442,96 @@ fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) ->
         &[out],
         &[1.0 / count as f64, 0.0],
     )
+}
+
+/// Halves of `0..size`.
+fn halves(size: usize) -> [(usize, usize); 2] {
+    [(0, size / 2), (size / 2, size - size / 2)]
+}
+
+/// Rotary embedding (`x [..., T, D]`, tables `[T, D/2]`, row-major) in halves of `x`'s
+/// outermost dimension longer than one, recursively, until each part fits; where that is
+/// the sequence, the tables' rows split with it.
+fn rotary_windows(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    if core.fits(inputs) && core.fits(outputs) {
+        return launch_family(core, op, inputs, outputs, s);
+    }
+    let x = inputs[0].layout;
+    let r = x.rank();
+    let Some(dim) = (0..r - 1).find(|&d| x.shape[d] > 1) else {
+        return Err(too_large(core, op, inputs, outputs));
+    };
+    for (start, len) in halves(x.shape[dim]) {
+        let li: Vec<Layout> = inputs
+            .iter()
+            .enumerate()
+            .map(|(k, t)| match (k, dim == r - 2) {
+                (0, _) => t.layout.narrow(dim, start, len),
+                (_, true) => t.layout.narrow(0, start, len),
+                (_, false) => t.layout.clone(),
+            })
+            .collect();
+        let lo = [outputs[0].layout.narrow(dim, start, len)];
+        rotary_windows(
+            core,
+            op,
+            &with_layouts(inputs, &li),
+            &with_layouts(outputs, &lo),
+            s,
+        )?;
+    }
+    Ok(())
+}
+
+/// Attention or its backward in halves of the batch, then of the key/value heads (each with
+/// its query heads), recursively, until each part fits: every part is whole heads, computed
+/// as in one launch. A single head wider than a binding is `Unsupported`.
+fn attention_windows(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    if core.fits(inputs) && core.fits(outputs) {
+        return launch_family(core, op, inputs, outputs, s);
+    }
+    let (q, kv) = (&inputs[0].layout.shape, &inputs[1].layout.shape);
+    let group = q[1] / kv[1].max(1);
+    let (dim, size, per_query) = match (q[0], kv[1]) {
+        (b, _) if b > 1 => (0, b, 1),
+        (_, h) if h > 1 => (1, h, group),
+        _ => return Err(too_large(core, op, inputs, outputs)),
+    };
+    // Keys and values (and their gradients) are the tensors with the key/value heads.
+    let backward = matches!(op, Op::AttentionBackward { .. });
+    let of_keys = |output: bool, k: usize| matches!(k, 1 | 2) && (backward || !output);
+    for (start, len) in halves(size) {
+        let narrow = |list: &[TensorRef<'_>], output: bool| -> Vec<Layout> {
+            list.iter()
+                .enumerate()
+                .map(|(k, t)| match of_keys(output, k) {
+                    true => t.layout.narrow(dim, start, len),
+                    false => t.layout.narrow(dim, start * per_query, len * per_query),
+                })
+                .collect()
+        };
+        let (li, lo) = (narrow(inputs, false), narrow(outputs, true));
+        attention_windows(
+            core,
+            op,
+            &with_layouts(inputs, &li),
+            &with_layouts(outputs, &lo),
+            s,
+        )?;
+    }
+    Ok(())
 }
 
 /// Creation, random and optimizer ops over flat ranges that fit: row-major operands of the

@@ -3,11 +3,11 @@
 //!
 //! - Ops over tensors larger than one storage binding: bindings capped at 64 KiB, launch
 //!   parameters as immediates where the adapter has them (not the default, which the `ops`
-//!   test runs) and workgroup reductions as trees (no subgroups). Every
-//!   sample of the ops that run over windows (their families' samples and the large ones of
-//!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32; cross-entropy, whose family
-//!   has rows wider than 64 KiB, the latter only) matches, none unsupported. The full-size
-//!   samples (past lavapipe's 128 MiB) run in the `ops` test.
+//!   test runs) and workgroup reductions as trees (no subgroups). Every sample of the ops
+//!   that run over windows (their families' samples and the large ones of
+//!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32; cross-entropy and attention,
+//!   whose families have rows or heads wider than 64 KiB, the latter only) matches, none
+//!   unsupported. The full-size samples (past lavapipe's 128 MiB) run in the `ops` test.
 //! - Workgroup reductions as trees (no subgroups), parameters as immediates: every sample of
 //!   the ops whose kernels reduce over a workgroup matches.
 #![cfg(feature = "wgpu")]
@@ -59,13 +59,18 @@ fn windowed(op: &Op) -> bool {
             | RmsNormBackward
             | Reduce { .. }
             | ArgMax { .. }
+            | Rotary
     )
 }
 
-/// Ops that run over ranges of rows but whose family samples have rows wider than 64 KiB
-/// (vocabularies past 65,536): only their `samples::windows` run here.
-fn windowed_by_rows_only(op: &Op) -> bool {
-    matches!(op, Op::CrossEntropy | Op::CrossEntropyBackward)
+/// Ops that run over windows but whose family samples have parts wider than 64 KiB (rows of
+/// vocabularies past 65,536, heads of 600 positions): only their `samples::windows` run here.
+fn windowed_in_large_parts(op: &Op) -> bool {
+    use Op::*;
+    matches!(
+        op,
+        CrossEntropy | CrossEntropyBackward | Attention { .. } | AttentionBackward { .. }
+    )
 }
 
 /// Ops whose kernels reduce over a workgroup (`wg_sum`/`wg_max`).
@@ -157,7 +162,7 @@ fn ops_past_one_binding_match_the_reference() {
             if windowed(op) {
                 list.extend(family_samples(op));
             }
-            if windowed(op) || windowed_by_rows_only(op) {
+            if windowed(op) || windowed_in_large_parts(op) {
                 list.extend(windows::samples(op, 70, 300));
             }
             list

@@ -4,7 +4,8 @@
 //! (bf16), random values that keep their element's index, ids in different windows of an
 //! embedding table, matmuls split along rows, columns and K, row-wise ops (softmax, layer
 //! norm with its statistics, cross-entropy and its backward) over ranges of rows, and
-//! reductions split along kept dimensions and into partial results along reduced ones. Splits
+//! reductions split along kept dimensions and into partial results along reduced ones,
+//! attention and rotary embedding over parts of whole heads. Splits
 //! that the family samples already take under a small binding cap (the optimizer's flat
 //! ranges, embedding over ranges of positions) have no sample here: each of these costs a
 //! minute of CPU reference time.
@@ -12,7 +13,7 @@
 use tessera::rng::split_u64;
 use tessera::{DType, Op, ReduceOp, UnaryOp};
 
-use super::{fixed, input, loss, uniform, Gen, Sample, View};
+use super::{fixed, input, loss, stats, uniform, Gen, Sample, View};
 
 /// Rows and columns of the largest operands: 134,480,000 bytes in f32, just past 128 MiB.
 pub const ROWS: usize = 8200;
@@ -108,6 +109,50 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             format!("{big:?} axis 1"),
             vec![input(&big, uniform(-2.0, 2.0))],
         )],
+        // Attention over short heads whose queries, `[1, 2 h, 16, 64]`, pass a binding: split
+        // along the key/value heads, each with its two query heads. Rotary embedding of
+        // such queries splits along the heads too.
+        Op::Attention { .. } | Op::AttentionBackward { .. } | Op::Rotary => {
+            let (t, d) = (16, 64);
+            let hkv = (rows * cols).div_ceil(2 * t * d);
+            let q = [1, 2 * hkv, t, d];
+            let kv = [1, hkv, t, d];
+            let name = format!("q {q:?} k, v {kv:?}");
+            let qkv = || {
+                vec![
+                    input(&q, uniform(-1.0, 1.0)),
+                    input(&kv, uniform(-1.0, 1.0)),
+                    input(&kv, uniform(-1.0, 1.0)),
+                ]
+            };
+            let scale = 1.0 / (d as f64).sqrt();
+            let forward = |output| Gen::Forward {
+                op: Op::Attention { causal: true },
+                args: vec![0, 1, 2],
+                scalars: vec![scale],
+                output,
+            };
+            let attention = |op: Op, inputs| {
+                Sample::new(op, name.clone(), inputs)
+                    .scalars(&[scale])
+                    .reduce(t.max(d))
+            };
+            vec![match op {
+                Op::Attention { .. } => attention(Op::Attention { causal: true }, qkv()),
+                Op::AttentionBackward { .. } => {
+                    let mut inputs = qkv();
+                    inputs.push(input(&q, forward(0)));
+                    inputs.push(stats(&q[..3], forward(1)));
+                    inputs.push(input(&q, uniform(-1.0, 1.0)));
+                    attention(Op::AttentionBackward { causal: true }, inputs)
+                }
+                _ => {
+                    let table = || input(&[t, d / 2], uniform(-1.0, 1.0));
+                    let x = input(&q, uniform(-2.0, 2.0));
+                    Sample::new(Op::Rotary, format!("{q:?}"), vec![x, table(), table()]).reduce(2)
+                }
+            }]
+        }
         Op::Softmax => vec![Sample::new(
             op.clone(),
             format!("{big:?}"),

@@ -97,6 +97,10 @@ impl KvCache {
 /// buffer so that a fused projection's keys and values go in with one copy.
 pub struct LayerCache {
     kv: Tensor,
+    /// Views of `kv`'s keys and values, `[B, Hkv, capacity, D]` each, taken while `kv` is
+    /// whole (a selection of a partly filled view would be copied to make it row-major).
+    k: Tensor,
+    v: Tensor,
     len: usize,
 }
 
@@ -108,14 +112,9 @@ impl LayerCache {
     /// as needed, and returns views of every cached position.
     fn append(slot: &mut Option<LayerCache>, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = k.shape()[2];
-        let cache = Self::reserve(slot, k, t)?;
-        for (i, x) in [k, v].into_iter().enumerate() {
-            cache
-                .kv
-                .select(0, i as isize)?
-                .narrow(2, cache.len, t)?
-                .copy_from(x)?;
-        }
+        let cache = Self::reserve(slot, k.shape(), k.dtype(), k.device(), t)?;
+        cache.k.narrow(2, cache.len, t)?.copy_from(k)?;
+        cache.v.narrow(2, cache.len, t)?.copy_from(v)?;
         cache.filled(t)
     }
 
@@ -123,31 +122,34 @@ impl LayerCache {
     /// view of a fused projection's output): one copy.
     fn append_stacked(slot: &mut Option<LayerCache>, kv: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = kv.shape()[3];
-        let cache = Self::reserve(slot, &kv.select(0, 0)?, t)?;
+        let cache = Self::reserve(slot, &kv.shape()[1..], kv.dtype(), kv.device(), t)?;
         cache.kv.narrow(3, cache.len, t)?.copy_from(kv)?;
         cache.filled(t)
     }
 
-    /// The cache in `slot` with room for `t` more positions of keys like `k` (`[B, Hkv, T,
-    /// D]`), created or grown as needed.
+    /// The cache in `slot` with room for `t` more positions of keys of shape `[B, Hkv, T,
+    /// D]`, created or grown as needed.
     fn reserve<'a>(
         slot: &'a mut Option<LayerCache>,
-        k: &Tensor,
+        shape: &[usize],
+        dtype: DType,
+        device: &Arc<dyn Device>,
         t: usize,
     ) -> Result<&'a mut LayerCache> {
         let len = slot.as_ref().map_or(0, |c| c.len);
         let capacity = slot.as_ref().map_or(0, |c| c.kv.shape()[3]);
         if len + t > capacity {
             let capacity = (len + t).max(2 * capacity).max(MIN_CAPACITY);
-            let mut shape = vec![2];
-            shape.extend_from_slice(k.shape());
-            shape[3] = capacity;
-            let kv = Tensor::zeros(&shape, k.dtype(), k.device())?;
+            let mut whole = vec![2];
+            whole.extend_from_slice(shape);
+            whole[3] = capacity;
+            let kv = Tensor::zeros(&whole, dtype, device)?;
             if let Some(old) = slot.take() {
                 kv.narrow(3, 0, len)?
                     .copy_from(&old.kv.narrow(3, 0, len)?)?;
             }
-            *slot = Some(LayerCache { kv, len });
+            let (k, v) = (kv.select(0, 0)?, kv.select(0, 1)?);
+            *slot = Some(LayerCache { kv, k, v, len });
         }
         slot.as_mut()
             .ok_or_else(|| crate::Error::invalid("kv_cache", "no cache after growing it"))
@@ -156,8 +158,10 @@ impl LayerCache {
     /// Counts `t` appended positions and returns views of the keys and values of all.
     fn filled(&mut self, t: usize) -> Result<(Tensor, Tensor)> {
         self.len += t;
-        let all = self.kv.narrow(3, 0, self.len)?;
-        Ok((all.select(0, 0)?, all.select(0, 1)?))
+        Ok((
+            self.k.narrow(2, 0, self.len)?,
+            self.v.narrow(2, 0, self.len)?,
+        ))
     }
 }
 

@@ -153,16 +153,36 @@ fn halve(
     let Some(dim) = dim else {
         return Err(too_large(core, op, inputs, outputs));
     };
+    let narrow = |list: &[TensorRef<'_>], start, len| -> Vec<Layout> {
+        list.iter()
+            .map(|t| t.layout.narrow(dim, start, len))
+            .collect()
+    };
     let size = outputs[0].layout.shape[dim];
-    let half = size / 2;
-    for (start, len) in [(0, half), (half, size - half)] {
-        let narrow = |list: &[TensorRef<'_>]| -> Vec<Layout> {
-            list.iter()
-                .map(|t| t.layout.narrow(dim, start, len))
-                .collect()
-        };
-        let (li, lo) = (narrow(inputs), narrow(outputs));
-        halve(
+    on_halves(core, op, inputs, outputs, s, size, halve, |start, len| {
+        (narrow(inputs, start, len), narrow(outputs, start, len))
+    })
+}
+
+/// The signature of the functions that split an op's launch into parts.
+type Windowed = fn(&Core, &Op, &[TensorRef<'_>], &[TensorRef<'_>], &[f64]) -> Result<()>;
+
+/// Runs `part` (which splits further where needed) on each half of `0..size`, with the
+/// operands' layouts that `narrow` gives for a range of it.
+#[allow(clippy::too_many_arguments)]
+fn on_halves(
+    core: &Core,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+    size: usize,
+    part: Windowed,
+    narrow: impl Fn(usize, usize) -> (Vec<Layout>, Vec<Layout>),
+) -> Result<()> {
+    for (start, len) in halves(size) {
+        let (li, lo) = narrow(start, len);
+        part(
             core,
             op,
             &with_layouts(inputs, &li),
@@ -171,6 +191,15 @@ fn halve(
         )?;
     }
     Ok(())
+}
+
+/// Rows per part when the row-major tensors of `split`, one row of `n` elements (or one
+/// statistic) per row, are bound over ranges of whole rows; `None` where one row does not fit
+/// or a tensor is not row-major.
+fn rows_per_part(core: &Core, n: usize, split: &[&TensorRef<'_>]) -> Option<usize> {
+    let widest = split.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
+    let part = core.max_binding().saturating_sub(core.align()) as usize / (n * widest);
+    (part > 0 && split.iter().all(|t| t.layout.is_contiguous())).then_some(part)
 }
 
 /// Elements per part of a flat range over `tensors` (row-major): as many as fit one binding
@@ -204,11 +233,9 @@ fn row_ranges(
     let n = inputs[0].layout.shape.last().copied().unwrap_or(1).max(1);
     let rows = inputs[0].layout.numel() / n;
     let split: Vec<&TensorRef<'_>> = inputs[..row_inputs].iter().chain(outputs).collect();
-    let widest = split.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
-    let part = core.max_binding().saturating_sub(core.align()) as usize / (n * widest);
-    if part == 0 || split.iter().any(|t| !t.layout.is_contiguous()) {
+    let Some(part) = rows_per_part(core, n, &split) else {
         return Err(too_large(core, op, inputs, outputs));
-    }
+    };
     for first in (0..rows).step_by(part) {
         let len = part.min(rows - first);
         let li: Vec<Layout> = inputs
@@ -265,11 +292,9 @@ fn norm_backward_ranges(
         .map(|(_, t)| t)
         .chain(&outputs[..1])
         .collect();
-    let widest = split.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
-    let part = core.max_binding().saturating_sub(core.align()) as usize / (n * widest);
-    if part == 0 || split.iter().any(|t| !t.layout.is_contiguous()) {
+    let Some(part) = rows_per_part(core, n, &split) else {
         return Err(too_large(core, op, inputs, outputs));
-    }
+    };
     let parts = rows.div_ceil(part);
     let grads = &outputs[1..];
     let sums = core.scratch(4 * parts * n * grads.len())?;
@@ -467,26 +492,28 @@ fn rotary_windows(
     let Some(dim) = (0..r - 1).find(|&d| x.shape[d] > 1) else {
         return Err(too_large(core, op, inputs, outputs));
     };
-    for (start, len) in halves(x.shape[dim]) {
-        let li: Vec<Layout> = inputs
-            .iter()
-            .enumerate()
-            .map(|(k, t)| match (k, dim == r - 2) {
-                (0, _) => t.layout.narrow(dim, start, len),
-                (_, true) => t.layout.narrow(0, start, len),
-                (_, false) => t.layout.clone(),
-            })
-            .collect();
-        let lo = [outputs[0].layout.narrow(dim, start, len)];
-        rotary_windows(
-            core,
-            op,
-            &with_layouts(inputs, &li),
-            &with_layouts(outputs, &lo),
-            s,
-        )?;
-    }
-    Ok(())
+    let size = x.shape[dim];
+    on_halves(
+        core,
+        op,
+        inputs,
+        outputs,
+        s,
+        size,
+        rotary_windows,
+        |start, len| {
+            let li = inputs
+                .iter()
+                .enumerate()
+                .map(|(k, t)| match (k, dim == r - 2) {
+                    (0, _) => t.layout.narrow(dim, start, len),
+                    (_, true) => t.layout.narrow(0, start, len),
+                    (_, false) => t.layout.clone(),
+                })
+                .collect();
+            (li, vec![outputs[0].layout.narrow(dim, start, len)])
+        },
+    )
 }
 
 /// Attention or its backward in halves of the batch, then of the key/value heads (each with
@@ -512,26 +539,30 @@ fn attention_windows(
     // Keys and values (and their gradients) are the tensors with the key/value heads.
     let backward = matches!(op, Op::AttentionBackward { .. });
     let of_keys = |output: bool, k: usize| matches!(k, 1 | 2) && (backward || !output);
-    for (start, len) in halves(size) {
-        let narrow = |list: &[TensorRef<'_>], output: bool| -> Vec<Layout> {
-            list.iter()
-                .enumerate()
-                .map(|(k, t)| match of_keys(output, k) {
-                    true => t.layout.narrow(dim, start, len),
-                    false => t.layout.narrow(dim, start * per_query, len * per_query),
-                })
-                .collect()
-        };
-        let (li, lo) = (narrow(inputs, false), narrow(outputs, true));
-        attention_windows(
-            core,
-            op,
-            &with_layouts(inputs, &li),
-            &with_layouts(outputs, &lo),
-            s,
-        )?;
-    }
-    Ok(())
+    let narrow = |list: &[TensorRef<'_>], output: bool, start: usize, len: usize| {
+        list.iter()
+            .enumerate()
+            .map(|(k, t)| match of_keys(output, k) {
+                true => t.layout.narrow(dim, start, len),
+                false => t.layout.narrow(dim, start * per_query, len * per_query),
+            })
+            .collect()
+    };
+    on_halves(
+        core,
+        op,
+        inputs,
+        outputs,
+        s,
+        size,
+        attention_windows,
+        |start, len| {
+            (
+                narrow(inputs, false, start, len),
+                narrow(outputs, true, start, len),
+            )
+        },
+    )
 }
 
 /// Creation, random and optimizer ops over flat ranges that fit: row-major operands of the

@@ -1,15 +1,23 @@
 //! conv2d by im2col and the tiled matmul: the columns go to a scratch buffer from the pool,
 //! the products run as batched matmuls over strided views, the bias through the residual
-//! epilogue as a broadcast view, the
-//! data gradient through col2im (a gather, so no atomics) and the weight gradient as one
-//! matmul per image accumulated in order through the residual epilogue.
-//! The columns are f32 whatever the dtype, so 16-bit convolutions round once, at the output.
+//! epilogue as a broadcast view, the data gradient through col2im (a gather, so no atomics)
+//! and the weight gradient as one matmul per image accumulated in order through the residual
+//! epilogue. The columns are f32 whatever the dtype, so 16-bit convolutions round once, at the
+//! output.
+//!
+//! Tensors and columns larger than one binding: the images run in parts whose input, output
+//! and columns fit, and where one image's columns do not, its columns are built in parts too:
+//! ranges of output positions for the forward pass, ranges of input channels for the
+//! gradients. Every output element is then computed from the same products as in one launch.
+//! Still `Unsupported`: a weight, or one image of the input or output, or the columns of one
+//! output position (forward) or one input channel (gradients), wider than a binding.
 
 use tessera_core::{Conv2dParams, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::matmul;
 use crate::shader::{groups_for, key, no_subst, run, unsupported};
+use crate::windows::{self, f32_view};
 
 const SRC: &str = include_str!("kernels/conv.wgsl");
 
@@ -37,6 +45,50 @@ const PLAIN: Op = Op::Matmul {
     residual: false,
 };
 
+const ACCUMULATE: Op = Op::Matmul {
+    bias: false,
+    activation: None,
+    residual: true,
+};
+
+/// How a convolution is split: images per part, input channels per part of the columns,
+/// output positions per part of the columns (all of them where everything fits).
+struct Parts {
+    images: usize,
+    channels: usize,
+    positions: usize,
+}
+
+/// The largest parts that fit one binding each, or `None` where one image (or one position's
+/// or channel's columns) does not.
+fn parts(core: &Core, op: &Op, dims: [usize; 8], sizes: [usize; 2]) -> Option<Parts> {
+    let [n, c, h, w, o, kk, _, l] = dims;
+    let [x_size, y_size] = sizes;
+    let room = core.max_binding().saturating_sub(core.align()) as usize;
+    let (x_image, y_image, cols_image) = (c * h * w * x_size, o * l * y_size, c * kk * l * 4);
+    if x_image > room || y_image > room {
+        return None;
+    }
+    if cols_image <= room {
+        let per = |bytes: usize| room / bytes.max(1);
+        let images = per(x_image).min(per(y_image)).min(per(cols_image));
+        return Some(Parts {
+            images: images.clamp(1, n.max(1)),
+            channels: c.max(1),
+            positions: l.max(1),
+        });
+    }
+    let (channels, positions) = match op {
+        Op::Conv2d { .. } => (c, room / (c * kk * 4)),
+        _ => (room / (kk * l * 4), l),
+    };
+    (channels > 0 && positions > 0).then_some(Parts {
+        images: 1,
+        channels,
+        positions,
+    })
+}
+
 pub(crate) fn launch(
     core: &Core,
     op: &Op,
@@ -58,9 +110,21 @@ pub(crate) fn launch(
     let [oh, ow] = params
         .output_size([h, w], [kh, kw])
         .ok_or_else(|| unsupported(op))?;
-    let (ckk, l) = (c * kh * kw, oh * ow);
+    let (kk, l) = (kh * kw, oh * ow);
+    let ckk = c * kk;
+    // The image-sized operands (x or dx, y or dy) and the whole ones (weight, bias).
+    let (x_t, y_t, whole): (&TensorRef<'_>, &TensorRef<'_>, Vec<TensorRef<'_>>) = match op {
+        Op::Conv2d { .. } => (&inputs[0], &outputs[0], inputs[1..].to_vec()),
+        Op::Conv2dBackwardData { .. } => (&outputs[0], &inputs[0], vec![inputs[1]]),
+        _ => (&inputs[0], &inputs[1], vec![outputs[0]]),
+    };
+    let dims = [n, c, h, w, o, kk, ckk, l];
+    let sizes = [x_t.dtype.size(), y_t.dtype.size()];
+    let plan = match parts(core, op, dims, sizes) {
+        Some(plan) if core.fits(&whole) => plan,
+        _ => return Err(windows::too_large(core, op, inputs, outputs)),
+    };
     let geometry = [
-        n,
         c,
         h,
         w,
@@ -75,19 +139,20 @@ pub(crate) fn launch(
         params.dilation[0],
         params.dilation[1],
     ];
-    let scratch = core.scratch(n * ckk * l * 4)?;
-    let cols_layout = Layout::contiguous(&[n, ckk, l]);
-    let cols = TensorRef {
-        buffer: &scratch,
-        layout: &cols_layout,
-        dtype: DType::F32,
+    let scratch = core.scratch(plan.images * plan.channels * kk * plan.positions * 4)?;
+    // Columns `[images, channels * KH * KW, positions]` of a part, in f32.
+    let columns = |images: usize, channels: usize, positions: usize| {
+        Layout::contiguous(&[images, channels * kk, positions])
     };
-    let conv_params = |offs: &[usize], p: &mut crate::shader::Params| {
-        p.all(&geometry).all(offs);
+    // Parameters: images, the geometry, then the part's first channel, channels, first
+    // position and positions.
+    let part_params = |images: usize, part: [usize; 4]| {
+        move |offs: &[usize], p: &mut crate::shader::Params| {
+            p.u(images).all(&geometry).all(&part).all(offs);
+        }
     };
-    let im2col = |x: &TensorRef<'_>| {
-        let ins = std::slice::from_ref(x);
-        let outs = std::slice::from_ref(&cols);
+    let im2col = |x: &TensorRef<'_>, cols: &TensorRef<'_>, images: usize, part: [usize; 4]| {
+        let (ins, outs) = (std::slice::from_ref(x), std::slice::from_ref(cols));
         run(
             core,
             &key(op, ins, outs, "im2col"),
@@ -96,61 +161,90 @@ pub(crate) fn launch(
             no_subst,
             ins,
             outs,
-            groups_for(n * ckk * l),
-            conv_params,
+            groups_for(cols.layout.numel()),
+            part_params(images, part),
         )
+    };
+    let image_parts = (0..n)
+        .step_by(plan.images)
+        .map(|i0| (i0, plan.images.min(n - i0)));
+    let ranges = |total: usize, per: usize| {
+        (0..total)
+            .step_by(per)
+            .map(move |s| (s, per.min(total - s)))
     };
     match op {
         Op::Conv2d { bias, .. } => {
-            let (wt, y) = (&inputs[1], &outputs[0]);
-            im2col(&inputs[0])?;
-            let a_l = strided(&[n, o, ckk], &[0, ckk, 1], wt.layout.offset);
-            let y_l = strided(&[n, o, l], &[o * l, l, 1], y.layout.offset);
-            if !*bias {
-                return matmul::launch(core, &PLAIN, &[t(wt, &a_l), cols], &[t(y, &y_l)]);
+            let (x, wt, y) = (&inputs[0], &inputs[1], &outputs[0]);
+            for (i0, m) in image_parts {
+                let x_part = x.layout.narrow(0, i0, m);
+                for (l0, ln) in ranges(l, plan.positions) {
+                    let cols_l = columns(m, c, ln);
+                    let cols = f32_view(&scratch, &cols_l);
+                    im2col(&t(x, &x_part), &cols, m, [0, c, l0, ln])?;
+                    let a_l = strided(&[m, o, ckk], &[0, ckk, 1], wt.layout.offset);
+                    let y_l = strided(
+                        &[m, o, ln],
+                        &[o * l, l, 1],
+                        y.layout.offset + i0 * o * l + l0,
+                    );
+                    let y_part = [t(y, &y_l)];
+                    if !*bias {
+                        matmul::launch_windows(core, &PLAIN, &[t(wt, &a_l), cols], &y_part)?;
+                        continue;
+                    }
+                    // The bias (one per output channel, a row of the product) enters through
+                    // the residual epilogue as a view broadcast over images and positions.
+                    let b = &inputs[2];
+                    let b_l = strided(&[m, o, ln], &[0, b.layout.strides[0], 0], b.layout.offset);
+                    matmul::launch_windows(
+                        core,
+                        &ACCUMULATE,
+                        &[t(wt, &a_l), cols, t(b, &b_l)],
+                        &y_part,
+                    )?;
+                }
             }
-            // The bias (one per output channel, a row of the product) enters through the
-            // residual epilogue as a view broadcast over images and positions.
-            let b = &inputs[2];
-            let b_l = strided(&[n, o, l], &[0, b.layout.strides[0], 0], b.layout.offset);
-            let with_bias = Op::Matmul {
-                bias: false,
-                activation: None,
-                residual: true,
-            };
-            matmul::launch(
-                core,
-                &with_bias,
-                &[t(wt, &a_l), cols, t(b, &b_l)],
-                &[t(y, &y_l)],
-            )
+            Ok(())
         }
         Op::Conv2dBackwardData { .. } => {
-            let (dy, wt) = (&inputs[0], &inputs[1]);
-            let a_l = strided(&[n, ckk, o], &[0, 1, ckk], wt.layout.offset);
-            let dy_l = strided(&[n, o, l], &[o * l, l, 1], dy.layout.offset);
-            matmul::launch(
-                core,
-                &PLAIN,
-                &[t(wt, &a_l), t(dy, &dy_l)],
-                std::slice::from_ref(&cols),
-            )?;
-            let ins = std::slice::from_ref(&cols);
-            run(
-                core,
-                &key(op, ins, outputs, "col2im"),
-                SRC,
-                "col2im",
-                no_subst,
-                ins,
-                outputs,
-                groups_for(n * c * h * w),
-                conv_params,
-            )
+            let (dy, wt, dx) = (&inputs[0], &inputs[1], &outputs[0]);
+            for (i0, m) in image_parts {
+                let dx_part = dx.layout.narrow(0, i0, m);
+                let dx_part = [t(dx, &dx_part)];
+                let dy_l = strided(&[m, o, l], &[o * l, l, 1], dy.layout.offset + i0 * o * l);
+                for (c0, cn) in ranges(c, plan.channels) {
+                    let cols_l = columns(m, cn, l);
+                    let cols = [f32_view(&scratch, &cols_l)];
+                    let a_l = strided(&[m, cn * kk, o], &[0, 1, ckk], wt.layout.offset + c0 * kk);
+                    matmul::launch_windows(core, &PLAIN, &[t(wt, &a_l), t(dy, &dy_l)], &cols)?;
+                    run(
+                        core,
+                        &key(op, &cols, &dx_part, "col2im"),
+                        SRC,
+                        "col2im",
+                        no_subst,
+                        &cols,
+                        &dx_part,
+                        groups_for(m * cn * h * w),
+                        part_params(m, [c0, cn, 0, l]),
+                    )?;
+                }
+            }
+            Ok(())
         }
         Op::Conv2dBackwardWeight { .. } => {
             let (x, dy, out) = (&inputs[0], &inputs[1], &outputs[0]);
-            im2col(x)?;
+            let out_l = strided(&[o, ckk], &[ckk, 1], out.layout.offset);
+            if n == 0 {
+                return crate::random::launch(
+                    core,
+                    &Op::Fill { dtype: out.dtype },
+                    &[t(out, &out_l)],
+                    &[0.0],
+                    0,
+                );
+            }
             // The sum over images runs in f32; a 16-bit gradient is rounded once at the end.
             let sum_scratch;
             let sum_layout = Layout::contiguous(&[o, ckk]);
@@ -164,50 +258,38 @@ pub(crate) fn launch(
                     dtype: DType::F32,
                 }
             };
-            let dw = &dw;
-            let dw_l = strided(&[o, ckk], &[ckk, 1], dw.layout.offset);
-            if n == 0 {
-                let out_l = strided(&[o, ckk], &[ckk, 1], out.layout.offset);
-                return crate::random::launch(
-                    core,
-                    &Op::Fill { dtype: out.dtype },
-                    &[t(out, &out_l)],
-                    &[0.0],
-                    0,
-                );
-            }
-            for img in 0..n {
-                let dy_l = strided(&[o, l], &[l, 1], dy.layout.offset + img * o * l);
-                let c_l = strided(&[l, ckk], &[1, l], img * ckk * l);
-                let ct = TensorRef {
-                    buffer: &scratch,
-                    layout: &c_l,
-                    dtype: DType::F32,
-                };
-                if img == 0 {
-                    matmul::launch(core, &PLAIN, &[t(dy, &dy_l), ct], &[t(dw, &dw_l)])?;
-                } else {
-                    let acc = Op::Matmul {
-                        bias: false,
-                        activation: None,
-                        residual: true,
-                    };
-                    matmul::launch(
-                        core,
-                        &acc,
-                        &[t(dy, &dy_l), ct, t(dw, &dw_l)],
-                        &[t(dw, &dw_l)],
+            for (i0, m) in image_parts {
+                let x_part = x.layout.narrow(0, i0, m);
+                for (c0, cn) in ranges(c, plan.channels) {
+                    let cols_l = columns(m, cn, l);
+                    im2col(
+                        &t(x, &x_part),
+                        &f32_view(&scratch, &cols_l),
+                        m,
+                        [c0, cn, 0, l],
                     )?;
+                    let dw_l = strided(&[o, cn * kk], &[ckk, 1], dw.layout.offset + c0 * kk);
+                    let dw_part = t(&dw, &dw_l);
+                    for img in 0..m {
+                        let dy_l = strided(&[o, l], &[l, 1], dy.layout.offset + (i0 + img) * o * l);
+                        let c_l = strided(&[l, cn * kk], &[1, l], img * cn * kk * l);
+                        let ins = [t(dy, &dy_l), f32_view(&scratch, &c_l), dw_part];
+                        let (acc, ins) = match i0 + img {
+                            0 => (&PLAIN, &ins[..2]),
+                            _ => (&ACCUMULATE, &ins[..]),
+                        };
+                        matmul::launch_windows(core, acc, ins, &[dw_part])?;
+                    }
                 }
             }
             if out.dtype == DType::F32 {
                 return Ok(());
             }
-            let out_l = strided(&[o, ckk], &[ckk, 1], out.layout.offset);
+            let dw_l = strided(&[o, ckk], &[ckk, 1], dw.layout.offset);
             crate::elementwise::launch(
                 core,
                 &Op::Cast { to: out.dtype },
-                &[t(dw, &dw_l)],
+                &[t(&dw, &dw_l)],
                 &[t(out, &out_l)],
                 &[],
             )

@@ -4,7 +4,7 @@
 //! backward first links each position to the next one with the same id, so the sums cost
 //! O(P * D) after an O(P^2) pass over the ids alone.
 
-use tessera_core::{contiguous_strides, DType, Layout, Op, Result, TensorRef};
+use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
 use crate::shader::{groups_for, key, no_subst, run, unsupported};
@@ -35,7 +35,6 @@ pub(crate) fn launch(
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
     let out = &outputs[0];
-    let n = out.layout.numel();
     let k = |variant: &str| key(op, inputs, outputs, variant);
     match op {
         Op::Concat { axis } => {
@@ -196,45 +195,83 @@ pub(crate) fn launch(
         }
         Op::Gather { axis } => {
             let (x, idx) = (&inputs[0], &inputs[1]);
-            run(
-                core,
-                &k("gather"),
-                SRC,
-                "gather",
-                no_subst,
-                inputs,
-                outputs,
-                groups_for(n),
-                |o, p| {
-                    p.u(n)
-                        .u(idx.layout.rank())
-                        .u(*axis)
-                        .u(x.layout.shape[*axis])
-                        .all(o);
-                    p.all(&idx.layout.shape)
-                        .all(&contiguous_strides(&x.layout.shape));
-                },
-            )
+            let rows = x.layout.shape[*axis];
+            gather_part(core, *axis, x, idx, out, 0, rows)
         }
         Op::ScatterAdd { axis } => {
-            let idx = &inputs[0];
-            run(
-                core,
-                &k("scatter_add"),
-                SRC,
-                "scatter_add",
-                no_subst,
-                inputs,
-                outputs,
-                groups_for(n),
-                |o, p| {
-                    p.u(n).u(idx.layout.rank()).u(*axis).u(0).all(o);
-                    p.all(&out.layout.shape)
-                        .all(&idx.layout.shape)
-                        .all(&contiguous_strides(&idx.layout.shape));
-                },
-            )
+            scatter_add_part(core, *axis, &inputs[0], &inputs[1], out, 0, false)
         }
         _ => Err(unsupported(op)),
     }
+}
+
+/// Gather with `x` a window of rows `first..first + x.shape[axis]` along the axis of the
+/// `rows` that the op's whole `x` has (`first` 0 and all rows in one launch): indices in the
+/// window read it, the window from row 0 writes zeros for indices outside `0..rows`, and other
+/// outputs are left to their window's launch. Operands are read and written through strides.
+pub(crate) fn gather_part(
+    core: &Core,
+    axis: usize,
+    x: &TensorRef<'_>,
+    idx: &TensorRef<'_>,
+    out: &TensorRef<'_>,
+    first: usize,
+    rows: usize,
+) -> Result<()> {
+    let op = Op::Gather { axis };
+    let (ins, outs) = ([*x, *idx], [*out]);
+    let n = out.layout.numel();
+    run(
+        core,
+        &key(&op, &ins, &outs, "gather"),
+        SRC,
+        "gather",
+        no_subst,
+        &ins,
+        &outs,
+        groups_for(n),
+        |o, p| {
+            p.u(n).u(idx.layout.rank()).u(axis).u(first).all(o);
+            p.u(x.layout.shape[axis]).u(rows);
+            p.all(&idx.layout.shape)
+                .all(&x.layout.strides)
+                .all(&idx.layout.strides)
+                .all(&out.layout.strides);
+        },
+    )
+}
+
+/// Scatter-add into `out`, whose first element along the axis is target `first`, from `idx`
+/// and `src` (one shape and strides): written (`accumulate` false: the whole op in one
+/// launch), or added onto `out`'s values (parts of an op over windows, after zeroing).
+pub(crate) fn scatter_add_part(
+    core: &Core,
+    axis: usize,
+    idx: &TensorRef<'_>,
+    src: &TensorRef<'_>,
+    out: &TensorRef<'_>,
+    first: usize,
+    accumulate: bool,
+) -> Result<()> {
+    let op = Op::ScatterAdd { axis };
+    let (ins, outs) = ([*idx, *src], [*out]);
+    let n = out.layout.numel();
+    run(
+        core,
+        &key(&op, &ins, &outs, "scatter_add"),
+        SRC,
+        "scatter_add",
+        no_subst,
+        &ins,
+        &outs,
+        groups_for(n),
+        |o, p| {
+            p.u(n).u(idx.layout.rank()).u(axis).u(first).all(o);
+            p.u(accumulate as usize);
+            p.all(&out.layout.shape)
+                .all(&idx.layout.shape)
+                .all(&idx.layout.strides)
+                .all(&out.layout.strides);
+        },
+    )
 }

@@ -4,7 +4,8 @@
 //! binding windows of its operands that fit. Every output element is computed by the same
 //! code from the same inputs, so results are those of one launch, except where a sum is
 //! split (matmul along K, embedding backward over ranges of positions, norm weight gradients
-//! over ranges of rows, reductions along a reduced dimension): the parts' sums are added in a
+//! over ranges of rows, reductions along a reduced dimension, 16-bit scatter-adds over parts
+//! of their sources): the parts' sums are added in a
 //! fixed order, deterministic but rounded differently. How each op splits:
 //! - elementwise ops halve the dimension along which their widest operand reaches furthest
 //!   until every operand of a part fits (a part is one launch);
@@ -16,21 +17,25 @@
 //!   reduced ones into partial results (`reduce_windows`);
 //! - rotary embedding halves its rows' outermost dimension (with the tables' rows where that
 //!   is the sequence), attention and its backward the batch, then the key/value heads with
-//!   their query heads: parts of whole heads.
+//!   their query heads: parts of whole heads;
+//! - gather halves its index and output (and `x` off the axis), or `x` into windows of rows
+//!   along the axis; scatter-add zeroes its output, then adds parts of its sources into parts
+//!   of its targets (`gather_windows`, `scatter_add_windows`);
 //! - the squared norm, embedding and embedding backward (ranges of table rows and of
-//!   positions), concat (a copy per input) and matmul split their work themselves
-//!   (`optim.rs`, `movement.rs`, `matmul.rs`);
-//! - any other op returns `Unsupported`, naming the size it met.
+//!   positions), concat (a copy per input), matmul and the convolutions (parts of images and
+//!   of their im2col columns) split their work themselves (`optim.rs`, `movement.rs`,
+//!   `matmul.rs`, `conv.rs`).
 //!
-//! A part that cannot shrink (one element, or one row of an embedding, wider than a binding)
-//! is `Unsupported` too.
+//! A part that cannot shrink (one element, one row of a row-wise op or an embedding, one
+//! attention head or one image of a convolution wider than a binding) is `Unsupported`, naming
+//! the size it met; so is argmax over a reduced extent wider than a binding.
 
 use std::sync::Arc;
 
 use tessera_core::{Buffer, DType, Error, Layout, Op, ReduceOp, Result, TensorRef, UnaryOp};
 
 use crate::device::{launch_family, Core};
-use crate::{matmul, random};
+use crate::{matmul, movement, random};
 
 /// Launches `op`, over windows where an operand is larger than one binding.
 pub(crate) fn launch(
@@ -44,9 +49,13 @@ pub(crate) fn launch(
     let fits = core.fits(inputs) && core.fits(outputs);
     match op {
         // These bind windows of their large operands themselves.
-        SquaredNorm | Embedding | EmbeddingBackward | Concat { .. } => {
-            launch_family(core, op, inputs, outputs, s)
-        }
+        SquaredNorm
+        | Embedding
+        | EmbeddingBackward
+        | Concat { .. }
+        | Conv2d { .. }
+        | Conv2dBackwardData { .. }
+        | Conv2dBackwardWeight { .. } => launch_family(core, op, inputs, outputs, s),
         _ if fits => launch_family(core, op, inputs, outputs, s),
         Cast { .. }
         | Copy
@@ -77,7 +86,8 @@ pub(crate) fn launch(
         CrossEntropy | CrossEntropyBackward => {
             row_ranges(core, op, inputs, outputs, s, inputs.len())
         }
-        _ => Err(too_large(core, op, inputs, outputs)),
+        Gather { axis } => gather_windows(core, *axis, inputs, outputs),
+        ScatterAdd { axis } => scatter_add_windows(core, *axis, inputs, outputs),
     }
 }
 
@@ -114,6 +124,15 @@ pub(crate) fn with_layout<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRe
     }
 }
 
+/// An f32 tensor of `buffer` (scratch) with `layout`.
+pub(crate) fn f32_view<'a>(buffer: &'a Arc<dyn Buffer>, layout: &'a Layout) -> TensorRef<'a> {
+    TensorRef {
+        buffer,
+        layout,
+        dtype: DType::F32,
+    }
+}
+
 /// `tensors` with each layout replaced by the matching one of `layouts`.
 pub(crate) fn with_layouts<'a>(
     tensors: &[TensorRef<'a>],
@@ -142,15 +161,8 @@ fn halve(
     let widest = inputs
         .iter()
         .chain(outputs)
-        .max_by_key(|t| core.binding_bytes(t))
-        .map(|t| t.layout);
-    let reach = |l: &Layout, d: usize| l.strides[d] * l.shape[d].saturating_sub(1);
-    let dim = widest.and_then(|l| {
-        (0..l.rank())
-            .filter(|&d| reach(l, d) > 0)
-            .max_by_key(|&d| (reach(l, d), std::cmp::Reverse(d)))
-    });
-    let Some(dim) = dim else {
+        .max_by_key(|t| core.binding_bytes(t));
+    let Some(dim) = widest.and_then(|t| furthest(t.layout)) else {
         return Err(too_large(core, op, inputs, outputs));
     };
     let narrow = |list: &[TensorRef<'_>], start, len| -> Vec<Layout> {
@@ -162,6 +174,15 @@ fn halve(
     on_halves(core, op, inputs, outputs, s, size, halve, |start, len| {
         (narrow(inputs, start, len), narrow(outputs, start, len))
     })
+}
+
+/// The dimension along which `layout` reaches furthest (the outermost of equals), whose halves
+/// shrink a binding of it most; `None` for a single element.
+fn furthest(layout: &Layout) -> Option<usize> {
+    let reach = |d: usize| layout.strides[d] * layout.shape[d].saturating_sub(1);
+    (0..layout.rank())
+        .filter(|&d| reach(d) > 0)
+        .max_by_key(|&d| (reach(d), std::cmp::Reverse(d)))
 }
 
 /// The signature of the functions that split an op's launch into parts.
@@ -303,13 +324,6 @@ fn norm_backward_ranges(
         strides: vec![1],
         offset: (g * parts + p) * n,
     };
-    fn f32_sums<'a>(buffer: &'a Arc<dyn Buffer>, layout: &'a Layout) -> TensorRef<'a> {
-        TensorRef {
-            buffer,
-            layout,
-            dtype: DType::F32,
-        }
-    }
     for (p, first) in (0..rows).step_by(part).enumerate() {
         let len = part.min(rows - first);
         let li: Vec<Layout> = inputs
@@ -323,7 +337,7 @@ fn norm_backward_ranges(
         let dx = rows_of(&outputs[0], rows, first, len);
         let partials: Vec<Layout> = (0..grads.len()).map(|g| partial(g, p)).collect();
         let mut outs = vec![with_layout(&outputs[0], &dx)];
-        outs.extend(partials.iter().map(|l| f32_sums(&sums, l)));
+        outs.extend(partials.iter().map(|l| f32_view(&sums, l)));
         launch_family(core, op, &with_layouts(inputs, &li), &outs, s)?;
     }
     let add_rows = Op::Reduce {
@@ -340,7 +354,7 @@ fn norm_backward_ranges(
         launch_family(
             core,
             &add_rows,
-            &[f32_sums(&sums, &stacked)],
+            &[f32_view(&sums, &stacked)],
             std::slice::from_ref(grad),
             &[],
         )?;
@@ -365,11 +379,7 @@ fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) ->
     }
     let unsupported = || Err(too_large(core, op, &[x], &[out]));
     let l = x.layout;
-    let reach = |d: usize| l.strides[d] * l.shape[d].saturating_sub(1);
-    let Some(dim) = (0..l.rank())
-        .filter(|&d| reach(d) > 0)
-        .max_by_key(|&d| (reach(d), std::cmp::Reverse(d)))
-    else {
+    let Some(dim) = furthest(l) else {
         return unsupported();
     };
     let halves = halves(l.shape[dim]);
@@ -599,6 +609,131 @@ fn flat_ranges(
             | Op::RandNormal { .. } => random::launch(core, op, &o, s, first)?,
             _ => launch_family(core, op, &i, &o, s)?,
         }
+    }
+    Ok(())
+}
+
+/// `layout` narrowed off `axis` to `extent`'s sizes: the part of `x` a gather reads, or of a
+/// scatter-add's output its sources reach.
+fn within(layout: &Layout, extent: &Layout, axis: usize) -> Layout {
+    (0..layout.rank())
+        .filter(|&d| d != axis)
+        .fold(layout.clone(), |l, d| l.narrow(d, 0, extent.shape[d]))
+}
+
+/// Gather over windows. `x` is first narrowed off the axis to the index's extent (it reads
+/// nothing beyond). Then halves of the dimension along which the widest operand reaches
+/// furthest, recursively: off the axis, all three split alike; along it, the index and output
+/// split with `x` whole, or `x` splits into windows of rows, each launch writing the outputs
+/// whose indices fall in its window, as embedding does. Every output reads the element it
+/// reads in one launch.
+fn gather_windows(
+    core: &Core,
+    axis: usize,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    let (x, idx, out) = (inputs[0], inputs[1], outputs[0]);
+    let rows = x.layout.shape[axis];
+    let read = within(x.layout, idx.layout, axis);
+    gather_parts(core, axis, [with_layout(&x, &read), idx, out], 0, rows)
+}
+
+/// A gather part `[x, index, out]`, `x` holding rows `first..` of `rows` along the axis.
+fn gather_parts(
+    core: &Core,
+    axis: usize,
+    parts: [TensorRef<'_>; 3],
+    first: usize,
+    rows: usize,
+) -> Result<()> {
+    let [x, idx, out] = parts;
+    if core.fits(&parts) {
+        return movement::gather_part(core, axis, &x, &idx, &out, first, rows);
+    }
+    let op = Op::Gather { axis };
+    let widest = (0..3).max_by_key(|&k| core.binding_bytes(&parts[k]));
+    let Some((widest, dim)) = widest.and_then(|k| Some((k, furthest(parts[k].layout)?))) else {
+        return Err(too_large(core, &op, &[x, idx], &[out]));
+    };
+    for (start, len) in halves(parts[widest].layout.shape[dim]) {
+        // Along the axis, `x` splits alone (its window of rows) or stays whole.
+        let splits = |k: usize| dim != axis || (k == 0) == (widest == 0);
+        let layouts: Vec<Layout> = (0..3)
+            .map(|k| match splits(k) {
+                true => parts[k].layout.narrow(dim, start, len),
+                false => parts[k].layout.clone(),
+            })
+            .collect();
+        let first = match dim == axis && widest == 0 {
+            true => first + start,
+            false => first,
+        };
+        let [x, idx, out] = [0, 1, 2].map(|k| with_layout(&parts[k], &layouts[k]));
+        gather_parts(core, axis, [x, idx, out], first, rows)?;
+    }
+    Ok(())
+}
+
+/// Scatter-add over windows: the output is zeroed, then its part that the sources reach (off
+/// the axis, the index's extent) runs in halves of the dimension along which the widest
+/// operand reaches furthest, recursively, each part adding its sums onto the output: off the
+/// axis all three split alike; along it, the output splits into ranges of targets with the
+/// sources whole, or the sources split with the output whole. Each output still adds its
+/// sources in source order, so f32 results are those of one launch; 16-bit outputs round
+/// between parts of the sources.
+fn scatter_add_windows(
+    core: &Core,
+    axis: usize,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    let (idx, src, out) = (inputs[0], inputs[1], outputs[0]);
+    launch(
+        core,
+        &Op::Fill { dtype: out.dtype },
+        &[],
+        &outputs[..1],
+        &[0.0],
+    )?;
+    let reached = within(out.layout, idx.layout, axis);
+    if reached.numel() == 0 || idx.layout.numel() == 0 {
+        return Ok(());
+    }
+    scatter_add_parts(core, axis, [idx, src, with_layout(&out, &reached)], 0)
+}
+
+/// A scatter-add part `[index, src, out]`, `out` starting at target `first` along the axis.
+fn scatter_add_parts(
+    core: &Core,
+    axis: usize,
+    parts: [TensorRef<'_>; 3],
+    first: usize,
+) -> Result<()> {
+    let [idx, src, out] = parts;
+    if core.fits(&parts) {
+        return movement::scatter_add_part(core, axis, &idx, &src, &out, first, true);
+    }
+    let op = Op::ScatterAdd { axis };
+    let widest = (0..3).max_by_key(|&k| core.binding_bytes(&parts[k]));
+    let Some((widest, dim)) = widest.and_then(|k| Some((k, furthest(parts[k].layout)?))) else {
+        return Err(too_large(core, &op, &[idx, src], &[out]));
+    };
+    for (start, len) in halves(parts[widest].layout.shape[dim]) {
+        // Along the axis, the output splits alone (its targets) or the sources do.
+        let splits = |k: usize| dim != axis || (k == 2) == (widest == 2);
+        let layouts: Vec<Layout> = (0..3)
+            .map(|k| match splits(k) {
+                true => parts[k].layout.narrow(dim, start, len),
+                false => parts[k].layout.clone(),
+            })
+            .collect();
+        let first = match dim == axis && widest == 2 {
+            true => first + start,
+            false => first,
+        };
+        let [idx, src, out] = [0, 1, 2].map(|k| with_layout(&parts[k], &layouts[k]));
+        scatter_add_parts(core, axis, [idx, src, out], first)?;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! - Ops over tensors larger than one storage binding: bindings capped at 64 KiB, launch
 //!   parameters as immediates where the adapter has them (not the default, which the `ops`
 //!   test runs) and workgroup reductions as trees (no subgroups). Every sample of the ops
-//!   that run over windows (their families' samples and the large ones of
+//!   that run over windows (their families' samples and the large and scaled-only ones of
 //!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32; cross-entropy and attention,
 //!   whose families have rows or heads wider than 64 KiB, the latter only) matches, none
 //!   unsupported. The full-size samples (past lavapipe's 128 MiB) run in the `ops` test.
@@ -60,6 +60,11 @@ fn windowed(op: &Op) -> bool {
             | Reduce { .. }
             | ArgMax { .. }
             | Rotary
+            | Gather { .. }
+            | ScatterAdd { .. }
+            | Conv2d { .. }
+            | Conv2dBackwardData { .. }
+            | Conv2dBackwardWeight { .. }
     )
 }
 
@@ -164,6 +169,7 @@ fn ops_past_one_binding_match_the_reference() {
             }
             if windowed(op) || windowed_in_large_parts(op) {
                 list.extend(windows::samples(op, 70, 300));
+                list.extend(windows::scaled_samples(op, 70, 300));
             }
             list
         })

@@ -1,4 +1,4 @@
-// Embedding, gather and deterministic scatter-adds over row-major tensors, a thread per
+// Embedding (row-major), gather and deterministic scatter-adds (through strides), a thread per
 // output element. Parameters: p[0] output elements, p[1..4] op values, binding offsets from
 // p[4], then shapes.
 
@@ -84,8 +84,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel gather
-// Bindings: 1 x, 2 index, 3 out. p[1] rank R, p[2] axis, p[3] x's size along the axis;
-// from p[7]: index shape (R), x strides (R).
+// Bindings: 1 x, 2 index, 3 out (of index's shape). p[1] rank R, p[2] axis, p[3] the first
+// row along the axis that x's binding holds, p[7] how many it holds, p[8] x's size along the
+// axis in the whole op; from p[9]: index shape (R), then the strides (R each) of x, index and
+// out. Indices in the window read x; the launch of the window from row 0 writes zeros for
+// indices outside [0, p[8]); others are left to the launch of their window.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p[0];
@@ -93,26 +96,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let axis = p[2];
     let step = group_count(nwg) * WG;
     for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
-        let id = ldi2(o(2u) + e);
-        var v = 0.0;
-        if (id >= 0 && u32(id) < p[3]) {
-            var rem = e;
-            var off = 0u;
-            for (var k = r; k > 0u; k--) {
-                let dim = k - 1u;
-                let c = rem % p[7u + dim];
-                rem /= p[7u + dim];
-                off += select(c, u32(id), dim == axis) * p[7u + r + dim];
-            }
-            v = ld1(o(1u) + off);
+        var rem = e;
+        var xo = 0u;
+        var io = 0u;
+        var oo = 0u;
+        for (var k = r; k > 0u; k--) {
+            let dim = k - 1u;
+            let c = rem % p[9u + dim];
+            rem /= p[9u + dim];
+            if (dim != axis) { xo += c * p[9u + r + dim]; }
+            io += c * p[9u + 2u * r + dim];
+            oo += c * p[9u + 3u * r + dim];
         }
-        st3(o(3u) + e, v);
+        let id = ldi2(o(2u) + io);
+        let row = id - i32(p[3]);
+        if (row >= 0 && u32(row) < p[7]) {
+            st3(o(3u) + oo, ld1(o(1u) + xo + u32(row) * p[9u + r + axis]));
+        } else if (p[3] == 0u && (id < 0 || u32(id) >= p[8])) {
+            st3(o(3u) + oo, 0.0);
+        }
     }
 }
 
 // @kernel scatter_add
-// Bindings: 1 index, 2 src, 3 out. p[1] rank R, p[2] axis; from p[7]: out shape (R), index
-// shape (R), index strides (R). Each output sums the matching sources in source order.
+// Bindings: 1 index, 2 src (index's shape and strides), 3 out. p[1] rank R, p[2] axis, p[3]
+// the target of out's first element along the axis, p[7] 1 to add onto out's values (parts of
+// an op over windows, after zeroing) or 0 to write; from p[8]: out shape (R), index shape (R),
+// index strides (R), out strides (R). Each output sums the matching sources in source order.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p[0];
@@ -122,28 +132,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
         var rem = e;
         var base = 0u;
+        var oo = 0u;
         var inside = true;
         var tgt = 0u;
         for (var k = r; k > 0u; k--) {
             let dim = k - 1u;
-            let c = rem % p[7u + dim];
-            rem /= p[7u + dim];
+            let c = rem % p[8u + dim];
+            rem /= p[8u + dim];
+            oo += c * p[8u + 3u * r + dim];
             if (dim == axis) {
-                tgt = c;
+                tgt = c + p[3];
             } else {
-                if (c >= p[7u + r + dim]) { inside = false; }
-                base += c * p[7u + 2u * r + dim];
+                if (c >= p[8u + r + dim]) { inside = false; }
+                base += c * p[8u + 2u * r + dim];
             }
         }
         var s = 0.0;
+        if (p[7] != 0u) { s = ld3(o(3u) + oo); }
         if (inside) {
-            let len = p[7u + r + axis];
-            let st = p[7u + 2u * r + axis];
+            let len = p[8u + r + axis];
+            let st = p[8u + 2u * r + axis];
             for (var j = 0u; j < len; j++) {
                 let id = ldi1(o(1u) + base + j * st);
                 if (id >= 0 && u32(id) == tgt) { s += ld2(o(2u) + base + j * st); }
             }
         }
-        st3(o(3u) + e, s);
+        st3(o(3u) + oo, s);
     }
 }

@@ -130,28 +130,61 @@ fn problems() -> Vec<(Problem, bool)> {
     ]
 }
 
+/// The convolution of `pr`, with a bias or without.
+fn forward_of(pr: &Problem, bias: bool) -> Sample {
+    let mut inputs = vec![
+        input(&pr.x, uniform(-1.0, 1.0)),
+        input(&pr.w, uniform(-1.0, 1.0)),
+    ];
+    if bias {
+        inputs.push(input(&[pr.w[0]], uniform(-1.0, 1.0)));
+    }
+    let [ly, ldx, ldw] = pr.lens();
+    Sample::new(
+        Op::Conv2d {
+            params: pr.params,
+            bias,
+        },
+        format!("{} bias {bias}", pr.describe()),
+        inputs,
+    )
+    .reduce(ly)
+    .grad_reduce(ldx.max(ldw))
+}
+
+fn backward_data_of(pr: &Problem) -> Sample {
+    let inputs = vec![
+        input(&pr.y(), uniform(-1.0, 1.0)),
+        input(&pr.w, uniform(-1.0, 1.0)),
+    ];
+    Sample::new(
+        Op::Conv2dBackwardData { params: pr.params },
+        pr.describe(),
+        inputs,
+    )
+    .out_shape(&pr.x)
+    .reduce(pr.lens()[1])
+}
+
+fn backward_weight_of(pr: &Problem) -> Sample {
+    let inputs = vec![
+        input(&pr.x, uniform(-1.0, 1.0)),
+        input(&pr.y(), uniform(-1.0, 1.0)),
+    ];
+    Sample::new(
+        Op::Conv2dBackwardWeight { params: pr.params },
+        pr.describe(),
+        inputs,
+    )
+    .out_shape(&pr.w)
+    .reduce(pr.lens()[2].max(1))
+}
+
 pub(super) fn forward() -> Vec<Sample> {
     let mut out = Vec::new();
     for (pr, small) in problems() {
         for bias in [false, true] {
-            let mut inputs = vec![
-                input(&pr.x, uniform(-1.0, 1.0)),
-                input(&pr.w, uniform(-1.0, 1.0)),
-            ];
-            if bias {
-                inputs.push(input(&[pr.w[0]], uniform(-1.0, 1.0)));
-            }
-            let [ly, ldx, ldw] = pr.lens();
-            let s = Sample::new(
-                Op::Conv2d {
-                    params: pr.params,
-                    bias,
-                },
-                format!("{} bias {bias}", pr.describe()),
-                inputs,
-            )
-            .reduce(ly)
-            .grad_reduce(ldx.max(ldw));
+            let s = forward_of(&pr, bias);
             out.push(if small { s.gradcheck() } else { s });
         }
     }
@@ -160,38 +193,46 @@ pub(super) fn forward() -> Vec<Sample> {
 
 pub(super) fn backward_data() -> Vec<Sample> {
     problems()
-        .into_iter()
-        .map(|(pr, _)| {
-            let inputs = vec![
-                input(&pr.y(), uniform(-1.0, 1.0)),
-                input(&pr.w, uniform(-1.0, 1.0)),
-            ];
-            Sample::new(
-                Op::Conv2dBackwardData { params: pr.params },
-                pr.describe(),
-                inputs,
-            )
-            .out_shape(&pr.x)
-            .reduce(pr.lens()[1])
-        })
+        .iter()
+        .map(|(pr, _)| backward_data_of(pr))
         .collect()
 }
 
 pub(super) fn backward_weight() -> Vec<Sample> {
     problems()
-        .into_iter()
-        .map(|(pr, _)| {
-            let inputs = vec![
-                input(&pr.x, uniform(-1.0, 1.0)),
-                input(&pr.y(), uniform(-1.0, 1.0)),
-            ];
-            Sample::new(
-                Op::Conv2dBackwardWeight { params: pr.params },
-                pr.describe(),
-                inputs,
-            )
-            .out_shape(&pr.w)
-            .reduce(pr.lens()[2].max(1))
-        })
+        .iter()
+        .map(|(pr, _)| backward_weight_of(pr))
         .collect()
+}
+
+/// The sample of convolution `op` over `pr`, with a bias for the forward pass.
+fn sample_of(op: &Op, pr: &Problem) -> Option<Sample> {
+    match op {
+        Op::Conv2d { .. } => Some(forward_of(pr, true)),
+        Op::Conv2dBackwardData { .. } => Some(backward_data_of(pr)),
+        Op::Conv2dBackwardWeight { .. } => Some(backward_weight_of(pr)),
+        _ => None,
+    }
+}
+
+/// One image whose im2col columns pass a binding of `rows * cols` f32 elements (four
+/// channels, 3x3 kernel, padding 1): its columns run in parts.
+pub(super) fn one_large_image(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
+    let pr = Problem {
+        x: [1, 4, rows / 4, cols / 8],
+        w: [2, 4, 3, 3],
+        params: params([1, 1], [1, 1], [1, 1]),
+    };
+    sample_of(op, &pr).into_iter().collect()
+}
+
+/// `rows / 8` small images whose im2col columns together pass a binding of `rows * cols`
+/// f32 elements: the images run in parts of several.
+pub(super) fn many_small_images(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
+    let pr = Problem {
+        x: [rows / 8, 2, 4, cols / 8],
+        w: [2, 2, 3, 3],
+        params: params([1, 1], [1, 1], [1, 1]),
+    };
+    sample_of(op, &pr).into_iter().collect()
 }

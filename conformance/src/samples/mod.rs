@@ -342,14 +342,11 @@ impl Sample {
     }
 }
 
-/// Every sample of one catalog op: its family's and the large ones of [`windows`], except
-/// attention backward's: it splits as attention does, and at full size its CPU reference
-/// takes minutes, so only the small-binding test of the wgpu backend runs it, scaled down.
+/// Every sample of one catalog op: its family's and the large ones of [`windows`] (not
+/// [`windows::scaled_samples`], which only the small-binding test of the wgpu backend runs).
 pub fn samples(op: &Op) -> Vec<Sample> {
     let mut list = family_samples(op);
-    if !matches!(op, Op::AttentionBackward { .. }) {
-        list.extend(windows::samples(op, windows::ROWS, windows::COLS));
-    }
+    list.extend(windows::samples(op, windows::ROWS, windows::COLS));
     list
 }
 

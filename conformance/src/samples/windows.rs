@@ -1,11 +1,13 @@
-//! Samples whose largest operands are `[rows, cols]` f32 tensors: past one storage binding
-//! (128 MiB on lavapipe) at [`ROWS`] x [`COLS`], so backends that bind buffers in windows run
-//! them over several. Each covers a way an op is split: broadcast operands, sub-word outputs
-//! (bf16), random values that keep their element's index, ids in different windows of an
-//! embedding table, matmuls split along rows, columns and K, row-wise ops (softmax, layer
-//! norm with its statistics, cross-entropy and its backward) over ranges of rows, and
-//! reductions split along kept dimensions and into partial results along reduced ones,
-//! attention and rotary embedding over parts of whole heads. Splits
+//! Samples whose largest operands (or a convolution's im2col columns) are `[rows, cols]` f32
+//! tensors: past one storage binding (128 MiB on lavapipe) at [`ROWS`] x [`COLS`], so
+//! backends that bind buffers in windows run them over several. Each covers a way an op is
+//! split: broadcast operands, sub-word outputs (bf16), random values that keep their
+//! element's index, ids in different windows of an embedding table, matmuls split along rows,
+//! columns and K, row-wise ops (softmax, layer norm with its statistics, cross-entropy and
+//! its backward) over ranges of rows, reductions split along kept dimensions and into
+//! partial results along reduced ones, attention and rotary embedding over parts of whole
+//! heads, gather and scatter-add split on and off their axis, and convolutions over parts of
+//! their columns. Splits
 //! that the family samples already take under a small binding cap (the optimizer's flat
 //! ranges, embedding over ranges of positions) have no sample here: each of these costs a
 //! minute of CPU reference time.
@@ -13,7 +15,7 @@
 use tessera::rng::split_u64;
 use tessera::{DType, Op, ReduceOp, UnaryOp};
 
-use super::{fixed, input, loss, stats, uniform, Gen, Sample, View};
+use super::{conv, fixed, input, loss, stats, uniform, Gen, Input, Sample, View};
 
 /// Rows and columns of the largest operands: 134,480,000 bytes in f32, just past 128 MiB.
 pub const ROWS: usize = 8200;
@@ -109,50 +111,7 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             format!("{big:?} axis 1"),
             vec![input(&big, uniform(-2.0, 2.0))],
         )],
-        // Attention over short heads whose queries, `[1, 2 h, 16, 64]`, pass a binding: split
-        // along the key/value heads, each with its two query heads. Rotary embedding of
-        // such queries splits along the heads too.
-        Op::Attention { .. } | Op::AttentionBackward { .. } | Op::Rotary => {
-            let (t, d) = (16, 64);
-            let hkv = (rows * cols).div_ceil(2 * t * d);
-            let q = [1, 2 * hkv, t, d];
-            let kv = [1, hkv, t, d];
-            let name = format!("q {q:?} k, v {kv:?}");
-            let qkv = || {
-                vec![
-                    input(&q, uniform(-1.0, 1.0)),
-                    input(&kv, uniform(-1.0, 1.0)),
-                    input(&kv, uniform(-1.0, 1.0)),
-                ]
-            };
-            let scale = 1.0 / (d as f64).sqrt();
-            let forward = |output| Gen::Forward {
-                op: Op::Attention { causal: true },
-                args: vec![0, 1, 2],
-                scalars: vec![scale],
-                output,
-            };
-            let attention = |op: Op, inputs| {
-                Sample::new(op, name.clone(), inputs)
-                    .scalars(&[scale])
-                    .reduce(t.max(d))
-            };
-            vec![match op {
-                Op::Attention { .. } => attention(Op::Attention { causal: true }, qkv()),
-                Op::AttentionBackward { .. } => {
-                    let mut inputs = qkv();
-                    inputs.push(input(&q, forward(0)));
-                    inputs.push(stats(&q[..3], forward(1)));
-                    inputs.push(input(&q, uniform(-1.0, 1.0)));
-                    attention(Op::AttentionBackward { causal: true }, inputs)
-                }
-                _ => {
-                    let table = || input(&[t, d / 2], uniform(-1.0, 1.0));
-                    let x = input(&q, uniform(-2.0, 2.0));
-                    Sample::new(Op::Rotary, format!("{q:?}"), vec![x, table(), table()]).reduce(2)
-                }
-            }]
-        }
+        Op::Attention { .. } | Op::Rotary => vec![attention_case(op, rows, cols)],
         Op::Softmax => vec![Sample::new(
             op.clone(),
             format!("{big:?}"),
@@ -244,7 +203,131 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             )
             .reduce(8),
         ],
+        // Off the axis all operands split; along it `x` splits into windows of rows (ids in
+        // both, and out of range), or the index and output split with `x` whole.
+        Op::Gather { .. } => {
+            let index = |shape: &[usize], hi: usize| {
+                let gen = Gen::Ints {
+                    lo: -1,
+                    hi: hi as i64 + 1,
+                };
+                fixed(shape, DType::I32, gen)
+            };
+            let gather = |axis: usize, x: &[usize], idx: Input| {
+                let name = format!("axis {axis} x {x:?} index {:?}", idx.shape);
+                Sample::new(
+                    Op::Gather { axis },
+                    name,
+                    vec![input(x, uniform(-2.0, 2.0)), idx],
+                )
+            };
+            vec![
+                gather(1, &big, index(&[rows, cols / 2], cols)),
+                gather(0, &big, index(&[16, cols], rows)),
+                gather(1, &[1, cols], index(&[1, rows * cols], cols)),
+            ]
+        }
+        // Sources split along the axis, each part adding onto the output; targets split into
+        // ranges, past the rows the sources reach (zeros).
+        Op::ScatterAdd { .. } => {
+            let n = rows * cols;
+            let targets = vec![
+                -1.0,
+                0.0,
+                (n / 2) as f64,
+                (n / 2 - 1) as f64,
+                (n - 1) as f64,
+                n as f64,
+            ];
+            let reached = [1, targets.len()];
+            vec![
+                Sample::new(
+                    Op::ScatterAdd { axis: 0 },
+                    format!("axis 0 index {big:?} out [8, {cols}]"),
+                    vec![
+                        fixed(&big, DType::I32, Gen::Ints { lo: -1, hi: 9 }),
+                        input(&big, uniform(-1.0, 1.0)),
+                    ],
+                )
+                .out_shape(&[8, cols])
+                .reduce(rows),
+                Sample::new(
+                    Op::ScatterAdd { axis: 1 },
+                    format!("axis 1 index {reached:?} out [2, {n}]"),
+                    vec![
+                        fixed(&reached, DType::I32, Gen::Values(targets)),
+                        input(&reached, uniform(-1.0, 1.0)),
+                    ],
+                )
+                .out_shape(&[2, n])
+                .reduce(2),
+            ]
+        }
+        Op::Conv2d { .. } | Op::Conv2dBackwardData { .. } | Op::Conv2dBackwardWeight { .. } => {
+            conv::one_large_image(op, rows, cols)
+        }
         _ => Vec::new(),
     };
     samples.into_iter().map(Sample::large).collect()
+}
+
+/// Samples of the same kind that run only scaled down, in the small-binding test of the wgpu
+/// backend: at full size their CPU reference (attention backward) or lavapipe's kernels
+/// (convolutions over 1,025 images; lavapipe's tiled matmul costs about half a millisecond
+/// per output tile and K step) would add minutes to the `ops` test. Attention backward splits as
+/// attention does; convolutions over many small images split into parts of several images.
+pub fn scaled_samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
+    let samples = match op {
+        Op::AttentionBackward { .. } => vec![attention_case(op, rows, cols)],
+        Op::Conv2d { .. } | Op::Conv2dBackwardData { .. } | Op::Conv2dBackwardWeight { .. } => {
+            conv::many_small_images(op, rows, cols)
+        }
+        _ => Vec::new(),
+    };
+    samples.into_iter().map(Sample::large).collect()
+}
+
+/// Attention over short heads whose queries, `[1, 2 h, 16, 64]`, pass a binding of `rows *
+/// cols` f32 elements: split along the key/value heads, each with its two query heads.
+/// Attention backward and rotary embedding of such queries split along the heads too.
+fn attention_case(op: &Op, rows: usize, cols: usize) -> Sample {
+    let (t, d) = (16, 64);
+    let hkv = (rows * cols).div_ceil(2 * t * d);
+    let q = [1, 2 * hkv, t, d];
+    let kv = [1, hkv, t, d];
+    let name = format!("q {q:?} k, v {kv:?}");
+    let qkv = || {
+        vec![
+            input(&q, uniform(-1.0, 1.0)),
+            input(&kv, uniform(-1.0, 1.0)),
+            input(&kv, uniform(-1.0, 1.0)),
+        ]
+    };
+    let scale = 1.0 / (d as f64).sqrt();
+    let forward = |output| Gen::Forward {
+        op: Op::Attention { causal: true },
+        args: vec![0, 1, 2],
+        scalars: vec![scale],
+        output,
+    };
+    let attention = |op: Op, inputs| {
+        Sample::new(op, name.clone(), inputs)
+            .scalars(&[scale])
+            .reduce(t.max(d))
+    };
+    match op {
+        Op::Attention { .. } => attention(Op::Attention { causal: true }, qkv()),
+        Op::AttentionBackward { .. } => {
+            let mut inputs = qkv();
+            inputs.push(input(&q, forward(0)));
+            inputs.push(stats(&q[..3], forward(1)));
+            inputs.push(input(&q, uniform(-1.0, 1.0)));
+            attention(Op::AttentionBackward { causal: true }, inputs)
+        }
+        _ => {
+            let table = || input(&[t, d / 2], uniform(-1.0, 1.0));
+            let x = input(&q, uniform(-2.0, 2.0));
+            Sample::new(Op::Rotary, format!("{q:?}"), vec![x, table(), table()]).reduce(2)
+        }
+    }
 }

@@ -76,25 +76,7 @@ pub(crate) fn launch(
                 },
             )
         }
-        Op::ArgMax { axis, .. } => {
-            let (ks, kt, rs, rt) = split_axes(x, &[*axis]);
-            let nout: usize = ks.iter().product();
-            let nred: usize = rs.iter().product();
-            run(
-                core,
-                &k("argmax"),
-                SRC,
-                "argmax",
-                no_subst,
-                inputs,
-                outputs,
-                nout as u64,
-                |o, p| {
-                    p.u(nout).u(nred).u(ks.len()).u(rs.len()).u(o[0]).u(o[1]);
-                    p.all(&ks).all(&kt).all(&rs).all(&rt);
-                },
-            )
-        }
+        Op::ArgMax { axis, .. } => argmax(core, *axis, x, &outputs[0], 0),
         Op::Softmax | Op::LogSoftmax => {
             let n = *x.layout.shape.last().unwrap_or(&1);
             let rows = x.layout.numel() / n.max(1);
@@ -144,4 +126,37 @@ pub(crate) fn launch(
         }
         _ => Err(unsupported(op)),
     }
+}
+
+/// Argmax along `axis` of `x`, whose first element along it has index `first` in the op's
+/// whole input (0 but for parts of a reduced extent that runs over windows).
+pub(crate) fn argmax(
+    core: &Core,
+    axis: usize,
+    x: &TensorRef<'_>,
+    out: &TensorRef<'_>,
+    first: usize,
+) -> Result<()> {
+    let (ks, kt, rs, rt) = split_axes(x, &[axis]);
+    let nout: usize = ks.iter().product();
+    let nred: usize = rs.iter().product();
+    let (ins, outs) = ([*x], [*out]);
+    let op = Op::ArgMax {
+        axis,
+        keepdim: false,
+    };
+    run(
+        core,
+        &key(&op, &ins, &outs, "argmax"),
+        SRC,
+        "argmax",
+        no_subst,
+        &ins,
+        &outs,
+        nout as u64,
+        |o, p| {
+            p.u(nout).u(nred).u(ks.len()).u(rs.len()).u(o[0]).u(o[1]);
+            p.all(&ks).all(&kt).all(&rs).all(&rt).u(first);
+        },
+    )
 }

@@ -13,8 +13,8 @@
 //!   random values keeping their element's index in the whole tensor;
 //! - row-wise ops (the softmax family and its backward, layer and RMS norm and their
 //!   backward, cross-entropy and its backward) run over ranges of whole rows;
-//! - reductions and argmax halve their input along kept dimensions, and reductions along
-//!   reduced ones into partial results (`reduce_windows`);
+//! - reductions and argmax halve their input along kept dimensions, and along reduced ones
+//!   into partial results (`reduce_windows`);
 //! - rotary embedding halves its rows' outermost dimension (with the tables' rows where that
 //!   is the sequence), attention and its backward the batch, then the key/value heads with
 //!   their query heads: parts of whole heads;
@@ -28,14 +28,14 @@
 //!
 //! A part that cannot shrink (one element, one row of a row-wise op or an embedding, one
 //! attention head or one image of a convolution wider than a binding) is `Unsupported`, naming
-//! the size it met; so is argmax over a reduced extent wider than a binding.
+//! the size it met.
 
 use std::sync::Arc;
 
 use tessera_core::{Buffer, DType, Error, Layout, Op, ReduceOp, Result, TensorRef, UnaryOp};
 
 use crate::device::{launch_family, Core};
-use crate::{matmul, movement, random};
+use crate::{matmul, movement, random, reduce};
 
 /// Launches `op`, over windows where an operand is larger than one binding.
 pub(crate) fn launch(
@@ -78,7 +78,7 @@ pub(crate) fn launch(
         }
         LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
         LayerNormBackward | RmsNormBackward => norm_backward_ranges(core, op, inputs, outputs, s),
-        Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, inputs[0], outputs[0]),
+        Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, inputs[0], outputs[0], 0),
         Rotary => rotary_windows(core, op, inputs, outputs, s),
         Attention { .. } | AttentionBackward { .. } => {
             attention_windows(core, op, inputs, outputs, s)
@@ -367,20 +367,30 @@ fn norm_backward_ranges(
 /// output alike. A reduced one splits the input into two halves reduced into f32 partial
 /// results (sums for a mean), which a reduction over the pair combines (a mean's sum then
 /// scaled by one over the count): deterministic, and for sums and means rounded differently
-/// from one launch. Argmax over a reduced extent wider than a binding stays `Unsupported`.
-fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) -> Result<()> {
+/// from one launch. Argmax's halves give their maxima and the indices of those (counted from
+/// `first`, the index of the input's first element along the reduced axis), and the argmax
+/// of each pair of maxima picks one of the pair's indices: the first on ties, as one launch.
+fn reduce_windows(
+    core: &Core,
+    op: &Op,
+    x: TensorRef<'_>,
+    out: TensorRef<'_>,
+    first: usize,
+) -> Result<()> {
     let (axes, keepdim) = match op {
         Op::Reduce { axes, keepdim, .. } => (&axes[..], *keepdim),
         Op::ArgMax { axis, keepdim } => (std::slice::from_ref(axis), *keepdim),
         _ => return Err(too_large(core, op, &[x], &[out])),
     };
     if core.fits(&[x, out]) {
-        return launch_family(core, op, &[x], &[out], &[]);
+        return match op {
+            Op::ArgMax { axis, .. } => reduce::argmax(core, *axis, &x, &out, first),
+            _ => launch_family(core, op, &[x], &[out], &[]),
+        };
     }
-    let unsupported = || Err(too_large(core, op, &[x], &[out]));
     let l = x.layout;
     let Some(dim) = furthest(l) else {
-        return unsupported();
+        return Err(too_large(core, op, &[x], &[out]));
     };
     let halves = halves(l.shape[dim]);
     if !axes.contains(&dim) {
@@ -395,7 +405,7 @@ fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) ->
             );
             let (x, part) = (with_layout(&x, &li), with_layout(&out, &lo));
             if lo.is_contiguous() {
-                reduce_windows(core, op, x, part)?;
+                reduce_windows(core, op, x, part, first)?;
                 continue;
             }
             // The kernels write their outputs in order: reduce into a contiguous buffer, then
@@ -408,29 +418,13 @@ fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) ->
                 layout: &layout,
                 dtype: out.dtype,
             };
-            reduce_windows(core, op, x, dense)?;
+            reduce_windows(core, op, x, dense, first)?;
             launch_family(core, &Op::Copy, &[dense], &[part], &[])?;
         }
         return Ok(());
     }
-    let Op::Reduce { op: kind, .. } = op else {
-        return unsupported();
-    };
-    // A mean is the sum of its partial sums over the count.
-    let (kind, part_op) = match kind {
-        ReduceOp::Mean => (
-            ReduceOp::Sum,
-            Op::Reduce {
-                op: ReduceOp::Sum,
-                axes: axes.to_vec(),
-                keepdim,
-            },
-        ),
-        other => (*other, op.clone()),
-    };
     let shape = &out.layout.shape;
     let numel = out.layout.numel();
-    let partials = core.scratch(4 * 2 * numel)?;
     let parts: Vec<Layout> = (0..2)
         .map(|i| {
             let mut layout = Layout::contiguous(shape);
@@ -438,36 +432,95 @@ fn reduce_windows(core: &Core, op: &Op, x: TensorRef<'_>, out: TensorRef<'_>) ->
             layout
         })
         .collect();
-    for ((start, len), part) in halves.into_iter().zip(&parts) {
-        let li = l.narrow(dim, start, len);
-        let partial = TensorRef {
-            buffer: &partials,
-            layout: part,
-            dtype: DType::F32,
-        };
-        reduce_windows(core, &part_op, with_layout(&x, &li), partial)?;
-    }
     let pair = Layout::contiguous(&[&[2], &shape[..]].concat());
+    let partials = core.scratch(4 * 2 * numel)?;
+    let x_halves: Vec<Layout> = halves
+        .iter()
+        .map(|&(start, len)| l.narrow(dim, start, len))
+        .collect();
+    let (kind, part_op) = match op {
+        Op::ArgMax { axis, .. } => {
+            let maximum = Op::Reduce {
+                op: ReduceOp::Max,
+                axes: vec![*axis],
+                keepdim,
+            };
+            let indices = core.scratch(4 * 2 * numel)?;
+            let index_of = |layout| TensorRef {
+                buffer: &indices,
+                layout,
+                dtype: out.dtype,
+            };
+            for ((li, part), (start, _)) in x_halves.iter().zip(&parts).zip(halves) {
+                let x = with_layout(&x, li);
+                reduce_windows(core, &maximum, x, f32_view(&partials, part), 0)?;
+                reduce_windows(core, op, x, index_of(part), first + start)?;
+            }
+            // Which half wins, as a mask: the second where its maximum beats the first's.
+            let dense = Layout::contiguous(shape);
+            let which = core.scratch(4 * numel)?;
+            let which = TensorRef {
+                buffer: &which,
+                layout: &dense,
+                dtype: DType::I32,
+            };
+            let second = core.scratch(numel.next_multiple_of(4))?;
+            let second = TensorRef {
+                buffer: &second,
+                layout: &dense,
+                dtype: DType::Bool,
+            };
+            let pick = Op::ArgMax {
+                axis: 0,
+                keepdim: false,
+            };
+            launch_family(core, &pick, &[f32_view(&partials, &pair)], &[which], &[])?;
+            launch_family(
+                core,
+                &Op::Cast { to: DType::Bool },
+                &[which],
+                &[second],
+                &[],
+            )?;
+            let [first_half, second_half] = [0, 1].map(|i| index_of(&parts[i]));
+            return launch_family(
+                core,
+                &Op::Where,
+                &[second, second_half, first_half],
+                &[out],
+                &[],
+            );
+        }
+        // A mean is the sum of its partial sums over the count.
+        Op::Reduce {
+            op: ReduceOp::Mean, ..
+        } => (
+            ReduceOp::Sum,
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: axes.to_vec(),
+                keepdim,
+            },
+        ),
+        Op::Reduce { op: kind, .. } => (*kind, op.clone()),
+        _ => return Err(too_large(core, op, &[x], &[out])),
+    };
+    for (li, part) in x_halves.iter().zip(&parts) {
+        let partial = f32_view(&partials, part);
+        reduce_windows(core, &part_op, with_layout(&x, li), partial, 0)?;
+    }
     let combine = Op::Reduce {
         op: kind,
         axes: vec![0],
         keepdim: false,
     };
-    let pair = TensorRef {
-        buffer: &partials,
-        layout: &pair,
-        dtype: DType::F32,
-    };
+    let pair = f32_view(&partials, &pair);
     if part_op == *op {
         return launch_family(core, &combine, &[pair], &[out], &[]);
     }
     let total = core.scratch(4 * numel)?;
     let dense = Layout::contiguous(shape);
-    let sum = TensorRef {
-        buffer: &total,
-        layout: &dense,
-        dtype: DType::F32,
-    };
+    let sum = f32_view(&total, &dense);
     launch_family(core, &combine, &[pair], &[sum], &[])?;
     let count: usize = axes.iter().map(|&a| l.shape[a]).product();
     launch_family(

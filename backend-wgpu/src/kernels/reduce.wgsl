@@ -93,6 +93,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel argmax
+// After the shapes and strides: the index of the first reduced element (a part of a reduced
+// extent that runs over windows).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let nout = p[0];
@@ -127,7 +129,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
         }
         if (lid == 0u) {
-            stn2(p[5] + o, i32(idx[0]));
+            stn2(p[5] + o, i32(idx[0] + p[6u + 2u * (p[2] + p[3])]));
         }
         workgroupBarrier();
     }

@@ -83,7 +83,7 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
                 .retype()]
         }
         // Column sums and minima split the reduced rows into partial results; a mean over
-        // everything splits both ways; row maxima and argmax split the kept rows.
+        // everything splits both ways; row maxima split the kept rows.
         Op::Reduce { op: kind, .. } => {
             let (axes, keepdim): (&[usize], bool) = match kind {
                 ReduceOp::Sum => (&[0], false),
@@ -103,14 +103,33 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
             )
             .reduce(len)]
         }
-        Op::ArgMax { .. } => vec![Sample::new(
-            Op::ArgMax {
-                axis: 1,
-                keepdim: false,
-            },
-            format!("{big:?} axis 1"),
-            vec![input(&big, uniform(-2.0, 2.0))],
-        )],
+        // Along the kept rows, and along the reduced rows: integers below the row count, so
+        // that the maximum of a column lies in either half and often ties across them (the
+        // first index must win).
+        Op::ArgMax { .. } => vec![
+            Sample::new(
+                Op::ArgMax {
+                    axis: 1,
+                    keepdim: false,
+                },
+                format!("{big:?} axis 1"),
+                vec![input(&big, uniform(-2.0, 2.0))],
+            ),
+            Sample::new(
+                Op::ArgMax {
+                    axis: 0,
+                    keepdim: true,
+                },
+                format!("{big:?} axis 0 keepdim, ties"),
+                vec![input(
+                    &big,
+                    Gen::Ints {
+                        lo: 0,
+                        hi: rows as i64,
+                    },
+                )],
+            ),
+        ],
         Op::Attention { .. } | Op::Rotary => vec![attention_case(op, rows, cols)],
         Op::Softmax => vec![Sample::new(
             op.clone(),

@@ -40,3 +40,10 @@ pub fn shared_dir() -> PathBuf {
         _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
     }
 }
+
+/// Whether op `name` is under test: every op, or those named in `TESSERA_OPS` (a
+/// comma-separated list, to narrow a run while working on some ops; tests that count rows
+/// then fail).
+pub fn op_under_test(name: &str) -> bool {
+    std::env::var("TESSERA_OPS").map_or(true, |only| only.split(',').any(|o| o == name))
+}

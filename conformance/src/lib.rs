@@ -7,7 +7,7 @@
 //!   `target/conformance/coverage.json`.
 //!
 //! `TESSERA_DEVICES=cpu,wgpu` narrows the devices (and `TESSERA_OPS=matmul,conv2d` the ops of
-//! the `ops` test); `cargo test -p tessera-conformance` runs it.
+//! the `ops` and `wgpu_options` tests); `cargo test -p tessera-conformance` runs it.
 
 pub mod env;
 pub mod harness;

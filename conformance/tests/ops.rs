@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use rstest::rstest;
 use tessera::Op;
+use tessera_conformance::env::op_under_test;
 use tessera_conformance::{all_samples, samples, Check, Report, Status, Suite};
 
 struct Run {
@@ -22,12 +23,9 @@ fn run() -> &'static Run {
         );
         // `TESSERA_OPS=conv2d,attention` narrows a run to those ops while working on them; the
         // coverage tests then fail, since the other ops have no rows.
-        let only: Option<Vec<String>> = std::env::var("TESSERA_OPS")
-            .ok()
-            .map(|v| v.split(',').map(str::to_string).collect());
         let samples: Vec<_> = all_samples()
             .into_iter()
-            .filter(|s| only.as_ref().is_none_or(|o| o.contains(&s.op.name())))
+            .filter(|s| op_under_test(&s.op.name()))
             .collect();
         let report = suite.run(&samples, &Check::ALL);
         for check in Check::ALL {

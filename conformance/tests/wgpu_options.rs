@@ -12,11 +12,11 @@
 //!   the ops whose kernels reduce over a workgroup matches.
 #![cfg(feature = "wgpu")]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera::tessera_wgpu::{WgpuDevice, WgpuOptions};
 use tessera::{open_device, DType, Op};
-use tessera_conformance::env::listings_under_test;
+use tessera_conformance::env::{listings_under_test, op_under_test};
 use tessera_conformance::harness::Target;
 use tessera_conformance::samples::{family_samples, windows};
 use tessera_conformance::{Check, Sample, Status, Suite};
@@ -97,6 +97,18 @@ fn reduces_over_workgroups(op: &Op) -> bool {
     )
 }
 
+/// Held by each test while it has its device open: NVIDIA's Vulkan driver can crash the
+/// process when one device is destroyed while another is at work in another thread (seen as
+/// an occasional segfault of this binary on the H100; wgpu issue 8365 describes the teardown
+/// race), so the tests open their devices one at a time.
+static ONE_DEVICE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_device_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_DEVICE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// The suite of the first wgpu device under test opened with `options`, or `None` (with a
 /// note) where there is none.
 fn suite(options: WgpuOptions, what: &str) -> Option<Suite> {
@@ -126,7 +138,12 @@ fn suite(options: WgpuOptions, what: &str) -> Option<Suite> {
 /// Runs the forward check of `samples` and asserts that none fails or is unsupported and
 /// that at least `min_f32` f32 rows pass.
 fn forward_passes(suite: &Suite, samples: &[Sample], min_f32: usize, what: &str) {
-    let report = suite.run(samples, &[Check::Forward]);
+    let samples: Vec<Sample> = samples
+        .iter()
+        .filter(|s| op_under_test(&s.op.name()))
+        .cloned()
+        .collect();
+    let report = suite.run(&samples, &[Check::Forward]);
     println!("{}", report.table(Check::Forward));
     let mut problems: Vec<String> = report.failure_lines();
     problems.extend(
@@ -157,6 +174,7 @@ fn ops_past_one_binding_match_the_reference() {
         subgroups: false,
     };
     let what = "bindings of 64 KiB, immediates, no subgroups";
+    let _device = one_device_at_a_time();
     let Some(suite) = suite(options, what) else {
         return;
     };
@@ -184,6 +202,7 @@ fn workgroup_reductions_without_subgroups_match_the_reference() {
         subgroups: false,
         ..WgpuOptions::default()
     };
+    let _device = one_device_at_a_time();
     let Some(suite) = suite(options, "immediates, no subgroups") else {
         return;
     };

@@ -61,8 +61,8 @@ struct Parts {
 
 /// The largest parts that fit one binding each, or `None` where one image (or one position's
 /// or channel's columns) does not.
-fn parts(core: &Core, op: &Op, dims: [usize; 8], sizes: [usize; 2]) -> Option<Parts> {
-    let [n, c, h, w, o, kk, _, l] = dims;
+fn parts(core: &Core, op: &Op, dims: [usize; 7], sizes: [usize; 2]) -> Option<Parts> {
+    let [n, c, h, w, o, kk, l] = dims;
     let [x_size, y_size] = sizes;
     let room = core.max_binding().saturating_sub(core.align()) as usize;
     let (x_image, y_image, cols_image) = (c * h * w * x_size, o * l * y_size, c * kk * l * 4);
@@ -118,7 +118,7 @@ pub(crate) fn launch(
         Op::Conv2dBackwardData { .. } => (&outputs[0], &inputs[0], vec![inputs[1]]),
         _ => (&inputs[0], &inputs[1], vec![outputs[0]]),
     };
-    let dims = [n, c, h, w, o, kk, ckk, l];
+    let dims = [n, c, h, w, o, kk, l];
     let sizes = [x_t.dtype.size(), y_t.dtype.size()];
     let plan = match parts(core, op, dims, sizes) {
         Some(plan) if core.fits(&whole) => plan,
@@ -286,7 +286,7 @@ pub(crate) fn launch(
                 return Ok(());
             }
             let dw_l = strided(&[o, ckk], &[ckk, 1], dw.layout.offset);
-            crate::elementwise::launch(
+            windows::launch(
                 core,
                 &Op::Cast { to: out.dtype },
                 &[t(&dw, &dw_l)],

@@ -5,8 +5,8 @@
 //! code from the same inputs, so results are those of one launch, except where a sum is
 //! split (matmul along K, embedding backward over ranges of positions, norm weight gradients
 //! over ranges of rows, reductions along a reduced dimension, 16-bit scatter-adds over parts
-//! of their sources): the parts' sums are added in a
-//! fixed order, deterministic but rounded differently. How each op splits:
+//! of their sources): the parts' sums are added in a fixed order, deterministic but rounded
+//! differently. How each op splits:
 //! - elementwise ops halve the dimension along which their widest operand reaches furthest
 //!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,
@@ -705,25 +705,43 @@ fn gather_parts(
         return movement::gather_part(core, axis, &x, &idx, &out, first, rows);
     }
     let op = Op::Gather { axis };
+    halve_on_axis(core, &op, axis, parts, 0, first, &|parts, first| {
+        gather_parts(core, axis, parts, first, rows)
+    })
+}
+
+/// Runs `part` on halves of a gather's or scatter-add's operands `parts` (inputs, then the
+/// output) along the dimension that the widest reaches furthest, with the first row along
+/// the axis of the `lone` operand's part (gather's `x`, scatter-add's output): off the axis
+/// all three split alike; along it the `lone` operand splits alone where it is the widest,
+/// else the other two do.
+fn halve_on_axis(
+    core: &Core,
+    op: &Op,
+    axis: usize,
+    parts: [TensorRef<'_>; 3],
+    lone: usize,
+    first: usize,
+    part: &dyn Fn([TensorRef<'_>; 3], usize) -> Result<()>,
+) -> Result<()> {
     let widest = (0..3).max_by_key(|&k| core.binding_bytes(&parts[k]));
     let Some((widest, dim)) = widest.and_then(|k| Some((k, furthest(parts[k].layout)?))) else {
-        return Err(too_large(core, &op, &[x, idx], &[out]));
+        return Err(too_large(core, op, &parts[..2], &parts[2..]));
     };
+    let alone = dim == axis && widest == lone;
     for (start, len) in halves(parts[widest].layout.shape[dim]) {
-        // Along the axis, `x` splits alone (its window of rows) or stays whole.
-        let splits = |k: usize| dim != axis || (k == 0) == (widest == 0);
+        let splits = |k: usize| dim != axis || (k == lone) == (widest == lone);
         let layouts: Vec<Layout> = (0..3)
             .map(|k| match splits(k) {
                 true => parts[k].layout.narrow(dim, start, len),
                 false => parts[k].layout.clone(),
             })
             .collect();
-        let first = match dim == axis && widest == 0 {
-            true => first + start,
-            false => first,
-        };
-        let [x, idx, out] = [0, 1, 2].map(|k| with_layout(&parts[k], &layouts[k]));
-        gather_parts(core, axis, [x, idx, out], first, rows)?;
+        let first = if alone { first + start } else { first };
+        part(
+            [0, 1, 2].map(|k| with_layout(&parts[k], &layouts[k])),
+            first,
+        )?;
     }
     Ok(())
 }
@@ -768,25 +786,7 @@ fn scatter_add_parts(
         return movement::scatter_add_part(core, axis, &idx, &src, &out, first, true);
     }
     let op = Op::ScatterAdd { axis };
-    let widest = (0..3).max_by_key(|&k| core.binding_bytes(&parts[k]));
-    let Some((widest, dim)) = widest.and_then(|k| Some((k, furthest(parts[k].layout)?))) else {
-        return Err(too_large(core, &op, &[idx, src], &[out]));
-    };
-    for (start, len) in halves(parts[widest].layout.shape[dim]) {
-        // Along the axis, the output splits alone (its targets) or the sources do.
-        let splits = |k: usize| dim != axis || (k == 2) == (widest == 2);
-        let layouts: Vec<Layout> = (0..3)
-            .map(|k| match splits(k) {
-                true => parts[k].layout.narrow(dim, start, len),
-                false => parts[k].layout.clone(),
-            })
-            .collect();
-        let first = match dim == axis && widest == 2 {
-            true => first + start,
-            false => first,
-        };
-        let [idx, src, out] = [0, 1, 2].map(|k| with_layout(&parts[k], &layouts[k]));
-        scatter_add_parts(core, axis, [idx, src, out], first)?;
-    }
-    Ok(())
+    halve_on_axis(core, &op, axis, parts, 2, first, &|parts, first| {
+        scatter_add_parts(core, axis, parts, first)
+    })
 }

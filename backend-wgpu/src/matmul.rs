@@ -3,9 +3,11 @@
 //! the operand's dimension with the smaller stride (k, or rows / columns), chosen here per
 //! launch, so global reads coalesce for plain and transposed layouts alike. f16 matmuls run on
 //! cooperative matrices (tensor cores) where the adapter offers them; matmuls of at most
-//! [`MAX_FEW_ROWS`] rows run a kernel whose threads split K instead. When few output tiles meet
-//! a long K (weight gradients), the tiled kernel splits K over workgroups into partial sums
-//! that a second kernel adds in order, so results stay deterministic.
+//! [`MAX_FEW_ROWS`] rows run one of two few-rows kernels whose threads split K instead (`rows`
+//! for a `b` contiguous in k, `columns` for one contiguous in its columns: a `[1, 36] x
+//! [36, 1M]` convolution product took 24 s on lavapipe in 128 x 128 tiles). When few output
+//! tiles meet a long K (weight gradients), the tiled kernel splits K over workgroups into
+//! partial sums that a second kernel adds in order, so results stay deterministic.
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef, UnaryOp};
 
@@ -15,8 +17,9 @@ use crate::{elementwise, windows};
 
 const SRC: &str = include_str!("kernels/matmul.wgsl");
 
-/// Matmuls with at most this many rows whose `b` is contiguous in k (a `linear` weight) run
-/// the few-rows kernel: decoding's matrix-vector products.
+/// Matmuls with at most this many rows run a few-rows kernel instead of the 128 x 128 tiles:
+/// `rows` where `b` is contiguous in k (a `linear` weight: decoding's matrix-vector products),
+/// `columns` where it is contiguous in its columns (a convolution's im2col columns).
 const MAX_FEW_ROWS: usize = 8;
 
 /// Threads per output column of the few-rows kernel: more for narrower matrices, so that a
@@ -27,6 +30,38 @@ fn few_rows_lanes(n: usize) -> usize {
         1024..2048 => 64,
         _ => 32,
     }
+}
+
+/// Threads per output column of the `columns` kernel: enough columns per workgroup for
+/// coalesced reads of wide matrices, more threads splitting K for narrow ones, and never more
+/// threads than k.
+fn columns_lanes(n: usize, k: usize) -> usize {
+    let by_width = match n {
+        0..2048 => 64,
+        2048..16384 => 16,
+        _ => 4,
+    };
+    by_width.min(k.next_power_of_two())
+}
+
+/// The per-row code of the `columns` kernel for `m` rows and `lanes` threads per column.
+fn columns_code(m: usize, lanes: usize) -> Vec<(&'static str, String)> {
+    let each = |t: &str| {
+        (0..m)
+            .map(|r| t.replace('#', &r.to_string()))
+            .collect::<String>()
+    };
+    vec![
+        ("KLANES_U", format!("{lanes}u")),
+        ("PARTS", (m.max(1) * 256).to_string()),
+        ("ZERO", each("var acc# = 0.0;\n")),
+        (
+            "MAC1",
+            "let w = ld2(bn + kk * sbk);\n".to_string()
+                + &each("acc# += ld1(a_base + #u * sam + kk * sak) * w;\n"),
+        ),
+        ("SAVE", each("part[#u * 256u + lid] = acc#;\n")),
+    ]
 }
 
 /// The per-row code of the few-rows kernel for `m` rows and `lanes` threads per column.
@@ -166,7 +201,7 @@ pub(crate) fn launch(
         ("A_AT", a_at.to_string()),
         ("B_AT", b_at.to_string()),
     ];
-    let few_rows = m <= MAX_FEW_ROWS && b_at == "along_k";
+    let few_rows = m <= MAX_FEW_ROWS;
     let tensor_cores = core.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
     let tile_grid = [
         core.dim(n.div_ceil(128)),
@@ -184,10 +219,15 @@ pub(crate) fn launch(
         splits: 1,
         k_per_split: k,
     };
-    let lanes = few_rows_lanes(n);
+    let lanes = if b_at == "along_k" {
+        few_rows_lanes(n)
+    } else {
+        columns_lanes(n, k)
+    };
     let (section, variant, grid) = if few_rows {
         let grid = [core.dim(n.div_ceil(256 / lanes)), 1, core.dim(batch)];
-        ("rows", format!("rows{m}x{lanes}"), grid)
+        let section = if b_at == "along_k" { "rows" } else { "columns" };
+        (section, format!("{section}{m}x{lanes}"), grid)
     } else if tensor_cores {
         subst[2].1 = a_at.replace("along", "coop");
         subst[3].1 = b_at.replace("along", "coop");
@@ -212,6 +252,7 @@ pub(crate) fn launch(
         move || {
             match section {
                 "rows" => subst.extend(few_rows_code(m, lanes)),
+                "columns" => subst.extend(columns_code(m, lanes)),
                 "coop" => subst.extend(coop_staging_code()),
                 _ => {}
             }

@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tessera::{open_device, DType, Device, Error, Op, Tensor, TensorSpec};
@@ -15,6 +14,7 @@ use crate::prepare::{
     HostTensor, LaunchError, LaunchPlan, SplitMix,
 };
 use crate::samples::{uniform, Kind, Sample};
+use crate::timing::{Key, Ledger, Timing, COMPARE, REFERENCE};
 
 /// The three kinds of check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -75,8 +75,9 @@ pub struct Report {
     pub failures: Vec<Outcome>,
     /// Every sample a backend reported unsupported.
     pub unsupported: Vec<Outcome>,
-    /// The slowest samples, for keeping the suite's run time in check.
-    pub slowest: Vec<(Duration, String)>,
+    /// Where the time went, for keeping the suite's run time in check
+    /// ([`crate::timing::slowest_lines`]).
+    pub timings: Vec<Timing>,
 }
 
 /// `assert_close`-style tolerances `(rtol, atol)`, or `None` for exact comparison.
@@ -173,18 +174,58 @@ fn describe(c: &Comparison, what: &str, len: usize) -> String {
     }
 }
 
-/// One device under test.
+/// One device under test, opened once per worker of [`Suite::run`]: a driver that compiles
+/// kernels on its queue's thread (lavapipe compiles each kernel with LLVM when it first runs)
+/// then compiles for both workers at once instead of making one wait for the other.
 #[derive(Clone, Debug)]
 pub struct Target {
     pub device: Arc<dyn Device>,
+    /// The device again, opened for other workers (worker `w` uses instance `w` modulo their
+    /// count, [`device`](Self::device) being instance 0).
+    pub more: Vec<Arc<dyn Device>>,
     pub backend: String,
     pub name: String,
 }
 
 impl Target {
+    /// `open` called once per worker, at most [`MAX_INSTANCES`] times.
+    pub fn open(
+        backend: &str,
+        name: String,
+        mut open: impl FnMut() -> Result<Arc<dyn Device>, Error>,
+    ) -> Result<Target, Error> {
+        let device = open()?;
+        let more = (1..workers().min(MAX_INSTANCES))
+            .map(|_| open())
+            .collect::<Result<_, _>>()?;
+        Ok(Target {
+            device,
+            more,
+            backend: backend.to_string(),
+            name,
+        })
+    }
+
+    /// The instance worker `worker` launches on.
+    fn on(&self, worker: usize) -> &Arc<dyn Device> {
+        match worker % (1 + self.more.len()) {
+            0 => &self.device,
+            w => &self.more[w - 1],
+        }
+    }
+
     fn has(&self, dtype: DType) -> bool {
         self.device.info().dtypes.contains(&dtype)
     }
+}
+
+/// The most instances of one device a suite opens: enough for the cores of a CI machine,
+/// few enough not to fill a GPU host (16 cores) with devices and their memory pools.
+pub const MAX_INSTANCES: usize = 4;
+
+/// The workers of [`Suite::run`]: one per core.
+pub fn workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 /// The devices under test and the reference CPU device (its own instance).
@@ -203,12 +244,11 @@ impl Suite {
     pub fn from_env() -> Result<Suite, Error> {
         let mut targets = Vec::new();
         for listing in crate::env::listings_under_test() {
-            let device = open_device(&listing.id)?;
-            targets.push(Target {
-                backend: listing.backend.to_string(),
-                name: format!("{} ({})", listing.id, listing.name),
-                device,
-            });
+            targets.push(Target::open(
+                listing.backend,
+                format!("{} ({})", listing.id, listing.name),
+                || open_device(&listing.id),
+            )?);
         }
         Ok(Suite {
             targets,
@@ -224,35 +264,26 @@ impl Suite {
             .collect();
         let next = AtomicUsize::new(0);
         let results = Mutex::new(Vec::new());
-        let timings = Mutex::new(Vec::new());
-        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let ledger = Ledger::default();
         std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| loop {
+            for worker in 0..workers() {
+                let (next, results, ledger, jobs) = (&next, &results, &ledger, &jobs);
+                scope.spawn(move || loop {
                     let j = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&(i, check)) = jobs.get(j) else {
                         break;
                     };
-                    let start = Instant::now();
                     let outcomes = match check {
-                        Check::Forward => self.forward(&samples[i]),
-                        Check::Backward => self.backward(&samples[i]),
-                        Check::Gradcheck => self.gradcheck(&samples[i]),
+                        Check::Forward => self.forward(&samples[i], worker, ledger),
+                        Check::Backward => self.backward(&samples[i], worker, ledger),
+                        Check::Gradcheck => self.gradcheck(&samples[i], worker, ledger),
                     };
-                    let label = format!("{} {}", check.name(), samples[i].desc);
-                    timings
-                        .lock()
-                        .expect("timings lock")
-                        .push((start.elapsed(), label));
                     results.lock().expect("results lock").extend(outcomes);
                 });
             }
         });
         let mut report = aggregate(results.into_inner().expect("results lock"));
-        let mut slowest = timings.into_inner().expect("timings lock");
-        slowest.sort_by_key(|t| std::cmp::Reverse(t.0));
-        slowest.truncate(10);
-        report.slowest = slowest;
+        report.timings = ledger.into_timings();
         report
     }
 
@@ -275,18 +306,26 @@ impl Suite {
     }
 
     /// Kernel-level forward check of one sample on every target and dtype.
-    pub fn forward(&self, sample: &Sample) -> Vec<Outcome> {
+    pub fn forward(&self, sample: &Sample, worker: usize, ledger: &Ledger) -> Vec<Outcome> {
         let mut out = Vec::new();
+        let op_name = sample.op.name();
         for &dtype in &sample.dtypes {
             let targets: Vec<&Target> = self.targets.iter().filter(|t| t.has(dtype)).collect();
             if targets.is_empty() {
                 continue;
             }
+            let key = Key {
+                check: Check::Forward,
+                op: &op_name,
+                sample: &sample.desc,
+                dtype,
+            };
             let fail = |t: &Target, detail: String| {
                 self.at(t, &sample.op, dtype, Check::Forward, sample)
                     .outcome(Status::Fail, f64::INFINITY, detail)
             };
-            let case = match prepare(sample, dtype, &self.reference) {
+            let prepared = ledger.time(key, REFERENCE, || prepare(sample, dtype, &self.reference));
+            let case = match prepared {
                 Ok(c) => c,
                 Err(e) => {
                     out.extend(
@@ -312,7 +351,9 @@ impl Suite {
                     out_view: sample.out_view.as_ref(),
                     in_place: sample.in_place,
                 };
-                let got = match run_on_device(&t.device, &case, &plan) {
+                let launched =
+                    ledger.time(key, &t.name, || run_on_device(t.on(worker), &case, &plan));
+                let got = match launched {
                     Ok(g) => g,
                     Err(LaunchError::Unsupported(m)) => {
                         out.push(self.at(t, &case.op, dtype, Check::Forward, sample).outcome(
@@ -328,8 +369,10 @@ impl Suite {
                     }
                 };
                 let want = reference.get_or_insert_with(|| {
-                    reference_outputs(&self.reference, &case, sample)
-                        .map_err(|e| format!("reference failed: {e}"))
+                    ledger.time(key, REFERENCE, || {
+                        reference_outputs(&self.reference, &case, sample)
+                            .map_err(|e| format!("reference failed: {e}"))
+                    })
                 });
                 let want = match want {
                     Ok(w) => w,
@@ -338,7 +381,9 @@ impl Suite {
                         continue;
                     }
                 };
-                out.push(self.judge(t, &case, sample, Check::Forward, &got, want));
+                out.push(ledger.time(key, COMPARE, || {
+                    self.judge(t, &case, sample, Check::Forward, &got, want)
+                }));
             }
         }
         out
@@ -387,8 +432,9 @@ impl Suite {
     }
 
     /// Tensor-level backward check: input gradients for a random upstream gradient.
-    pub fn backward(&self, sample: &Sample) -> Vec<Outcome> {
+    pub fn backward(&self, sample: &Sample, worker: usize, ledger: &Ledger) -> Vec<Outcome> {
         let mut out = Vec::new();
+        let op_name = sample.op.name();
         if !sample.backward
             || !sample.op.differentiable()
             || !sample
@@ -414,13 +460,21 @@ impl Suite {
             if targets.is_empty() {
                 continue;
             }
+            let key = Key {
+                check: Check::Backward,
+                op: &op_name,
+                sample: &sample.desc,
+                dtype,
+            };
             let fail = |t: &Target, detail: String| {
                 self.at(t, &sample.op, dtype, Check::Backward, sample)
                     .outcome(Status::Fail, f64::INFINITY, detail)
             };
-            let prepared = prepare(sample, dtype, &self.reference).and_then(|case| {
-                let up = upstream(sample, &case)?;
-                Ok((case, up))
+            let prepared = ledger.time(key, REFERENCE, || {
+                prepare(sample, dtype, &self.reference).and_then(|case| {
+                    let up = upstream(sample, &case)?;
+                    Ok((case, up))
+                })
             });
             let (case, up) = match prepared {
                 Ok(p) => p,
@@ -439,7 +493,9 @@ impl Suite {
                 if !needed.iter().all(|d| t.has(*d)) {
                     continue;
                 }
-                let got = match tensor_grads(&t.device, &case, &case.op, false, sample, &up) {
+                let got = match ledger.time(key, &t.name, || {
+                    tensor_grads(t.on(worker), &case, &case.op, false, sample, &up)
+                }) {
                     Ok(g) => g,
                     Err(e @ Error::Unsupported { .. }) => {
                         out.push(
@@ -459,8 +515,10 @@ impl Suite {
                     } else {
                         (&case.ref_op, true)
                     };
-                    tensor_grads(&self.reference, &case, op, in_f64, sample, &up)
-                        .map_err(|e| format!("reference backward failed: {e}"))
+                    ledger.time(key, REFERENCE, || {
+                        tensor_grads(&self.reference, &case, op, in_f64, sample, &up)
+                            .map_err(|e| format!("reference backward failed: {e}"))
+                    })
                 });
                 let want = match want {
                     Ok(w) => w,
@@ -507,7 +565,7 @@ impl Suite {
     }
 
     /// Central finite differences in f64 on the CPU against autograd.
-    pub fn gradcheck(&self, sample: &Sample) -> Vec<Outcome> {
+    pub fn gradcheck(&self, sample: &Sample, worker: usize, ledger: &Ledger) -> Vec<Outcome> {
         let Some(t) = self.targets.iter().find(|t| t.backend == "cpu") else {
             return Vec::new();
         };
@@ -521,9 +579,17 @@ impl Suite {
             return Vec::new();
         }
         let dtype = DType::F64;
-        let result = prepare(sample, dtype, &self.reference).map_err(Error::from_detail).and_then(|case| {
+        let op_name = sample.op.name();
+        let key = Key {
+            check: Check::Gradcheck,
+            op: &op_name,
+            sample: &sample.desc,
+            dtype,
+        };
+        let result = ledger.time(key, REFERENCE, || prepare(sample, dtype, &self.reference).map_err(Error::from_detail).and_then(|case| {
             let up = upstream(sample, &case).map_err(Error::from_detail)?;
-            let analytic = tensor_grads(&t.device, &case, &case.op, false, sample, &up)?;
+            let device = t.on(worker);
+            let analytic = tensor_grads(device, &case, &case.op, false, sample, &up)?;
             let mut max_error = 0.0f64;
             let mut details = Vec::new();
             for (i, grad) in analytic.iter().enumerate() {
@@ -533,7 +599,7 @@ impl Suite {
                     plus.inputs[i].values[j] += FD_EPS;
                     let mut minus = case.clone();
                     minus.inputs[i].values[j] -= FD_EPS;
-                    let numeric = (objective(&t.device, &plus, sample, &up)? - objective(&t.device, &minus, sample, &up)?) / (2.0 * FD_EPS);
+                    let numeric = (objective(device, &plus, sample, &up)? - objective(device, &minus, sample, &up)?) / (2.0 * FD_EPS);
                     let err = (a - numeric).abs();
                     max_error = max_error.max(err);
                     let close = err <= GC_ATOL + GC_RTOL * numeric.abs();
@@ -543,7 +609,7 @@ impl Suite {
                 }
             }
             Ok((max_error, details))
-        });
+        }));
         let outcome = match result {
             Ok((max_error, details)) => {
                 let status = if details.is_empty() {

@@ -5,6 +5,8 @@
 //! - [`prepare`]: resolving samples into values and launching kernels with guarded outputs.
 //! - [`harness`]: the forward, backward and finite-difference checks, the coverage table and
 //!   `target/conformance/coverage.json`.
+//! - [`timing`]: where the run's time went (slowest samples and ops), and
+//!   `target/conformance/timings.json`.
 //!
 //! `TESSERA_DEVICES=cpu,wgpu` narrows the devices (and `TESSERA_OPS=matmul,conv2d` the ops of
 //! the `ops` and `wgpu_options` tests); `cargo test -p tessera-conformance` runs it.
@@ -13,6 +15,7 @@ pub mod env;
 pub mod harness;
 pub mod prepare;
 pub mod samples;
+pub mod timing;
 
 pub use env::{devices_under_test, shared_dir};
 pub use harness::{compare, tolerance, Check, Report, Row, Status, Suite};

@@ -1,11 +1,13 @@
 //! The whole conformance suite: forward, backward and gradcheck over every catalog op on every
 //! device present. The suite runs once per test binary; each test asserts on its part.
 
+use std::io::Write;
 use std::sync::OnceLock;
 
 use rstest::rstest;
 use tessera::Op;
 use tessera_conformance::env::op_under_test;
+use tessera_conformance::timing::{slowest_lines, write_json};
 use tessera_conformance::{all_samples, samples, Check, Report, Status, Suite};
 
 struct Run {
@@ -32,8 +34,10 @@ fn run() -> &'static Run {
             println!("{}", report.table(check));
         }
         print!("{}", report.summary());
-        for (time, label) in &report.slowest {
-            println!("slow: {:>8.2}s {label}", time.as_secs_f64());
+        // Straight to stderr, past the test harness's capture: CI logs show where time goes.
+        let mut stderr = std::io::stderr();
+        for line in slowest_lines(&report.timings, 15) {
+            let _ = writeln!(stderr, "{line}");
         }
         for line in report.failure_lines() {
             println!("{line}");
@@ -41,6 +45,10 @@ fn run() -> &'static Run {
         match report.write_json() {
             Ok(path) => println!("coverage written to {}", path.display()),
             Err(e) => println!("could not write coverage.json: {e}"),
+        }
+        match write_json(&report.timings, "timings") {
+            Ok(path) => println!("timings written to {}", path.display()),
+            Err(e) => println!("could not write timings.json: {e}"),
         }
         Run { suite, report }
     })

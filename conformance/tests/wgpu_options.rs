@@ -97,10 +97,11 @@ fn reduces_over_workgroups(op: &Op) -> bool {
     )
 }
 
-/// Held by each test while it has its device open: NVIDIA's Vulkan driver can crash the
+/// Held by each test while it has its devices open: NVIDIA's Vulkan driver can crash the
 /// process when one device is destroyed while another is at work in another thread (seen as
 /// an occasional segfault of this binary on the H100; wgpu issue 8365 describes the teardown
-/// race), so the tests open their devices one at a time.
+/// race), so the tests take turns. A test's own instances (one per worker of the suite) are
+/// idle when they are dropped together at its end.
 static ONE_DEVICE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn one_device_at_a_time() -> MutexGuard<'static, ()> {
@@ -124,13 +125,14 @@ fn suite(options: WgpuOptions, what: &str) -> Option<Suite> {
         .trim_start_matches("wgpu:")
         .parse()
         .expect("wgpu ids are wgpu:N");
-    let device = WgpuDevice::open_with(ordinal, &options).expect("a listed wgpu device opens");
+    let target = Target::open(
+        "wgpu",
+        format!("{} ({}, {what})", listing.id, listing.name),
+        || Ok(Arc::new(WgpuDevice::open_with(ordinal, &options)?)),
+    )
+    .expect("a listed wgpu device opens");
     Some(Suite {
-        targets: vec![Target {
-            device: Arc::new(device),
-            backend: "wgpu".into(),
-            name: format!("{} ({}, {what})", listing.id, listing.name),
-        }],
+        targets: vec![target],
         reference: open_device("cpu:0").expect("the CPU reference opens"),
     })
 }

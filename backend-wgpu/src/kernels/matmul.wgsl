@@ -323,6 +323,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel columns
+// Few rows (M <= 8) with `b` contiguous in its columns (a convolution's im2col columns, a
+// product with an untransposed weight): the tiled kernel would compute 128 rows for each one
+// wanted. A workgroup takes 256 / KLANES consecutive output columns, KLANES threads each;
+// consecutive threads read consecutive columns of b, so loads coalesce, and the threads of a
+// column take every KLANES-th k. Their partial sums meet in a fixed order in workgroup
+// memory, so results are deterministic. The upper-case parts are generated for M rows
+// (matmul.rs).
+const KLANES: u32 = KLANES_U;
+const COLS: u32 = 256u / KLANES;
+var<workgroup> part: array<f32, PARTS>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let m = p[0];
+    let n = p[1];
+    let k = p[2];
+    let batch = p[3];
+    let br = p[4];
+    let sam = p[6];
+    let sak = p[7];
+    let sbk = p[9];
+    let sbn = p[10];
+    let col = lid % COLS;
+    let lane = lid / COLS;
+    for (var z = wid.z; z < batch; z += nwg.z) {
+        let a_base = p[5] + strided(z, br, 17u, 17u + br);
+        let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
+        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
+        let o_base = p[16] + z * m * n;
+        for (var n0 = wid.x * COLS; n0 < n; n0 += nwg.x * COLS) {
+            let gn = n0 + col;
+            ZERO
+            if (gn < n) {
+                let bn = b_base + gn * sbn;
+                for (var kk = lane; kk < k; kk += KLANES) {
+                    MAC1
+                }
+            }
+            SAVE
+            workgroupBarrier();
+            // One thread per row and column adds the column's KLANES partial sums in order.
+            for (var t = lid; t < m * COLS; t += 256u) {
+                let r = t / COLS;
+                let c = t % COLS;
+                var s = 0.0;
+                for (var j = 0u; j < KLANES; j++) { s += part[r * 256u + j * COLS + c]; }
+                put(m, n, r, n0 + c, r_base, o_base, s);
+            }
+            workgroupBarrier();
+        }
+    }
+}
+
 // @kernel coop
 // f16 operands on the tensor cores (cooperative matrices, 16x16x16 f16 products summed in
 // f32), where the adapter offers them with subgroups of 32. A 256-thread workgroup computes a

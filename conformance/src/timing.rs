@@ -136,3 +136,41 @@ pub fn write_json(timings: &[Timing], name: &str) -> std::io::Result<PathBuf> {
     std::fs::write(&path, json)?;
     Ok(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(check: Check, op: &str, sample: &str, part: &str, seconds: f64) -> Timing {
+        Timing {
+            check,
+            op: op.into(),
+            sample: sample.into(),
+            dtype: "f32".into(),
+            part: part.into(),
+            seconds,
+        }
+    }
+
+    #[test]
+    fn samples_and_ops_are_ranked_by_their_summed_time() {
+        let timings = [
+            timing(Check::Forward, "add", "add small", "wgpu:0", 1.0),
+            timing(Check::Forward, "matmul", "matmul big", REFERENCE, 2.0),
+            timing(Check::Forward, "matmul", "matmul big", "wgpu:0", 2.5),
+            timing(Check::Backward, "add", "add small", "wgpu:0", 3.0),
+        ];
+        let lines = slowest_lines(&timings, 2);
+        let expected = [
+            "8.5 s of work in 4",
+            "4.5 s forward matmul big (wgpu:0 f32 2.5, reference f32 2.0)",
+            "3.0 s backward add small",
+            "4.0 s add on wgpu:0 (2 parts)",
+            "2.5 s matmul on wgpu:0 (1 parts)",
+        ];
+        assert_eq!(lines.len(), expected.len(), "{lines:#?}");
+        for (line, want) in lines.iter().zip(expected) {
+            assert!(line.contains(want), "{line:?} lacks {want:?}");
+        }
+    }
+}

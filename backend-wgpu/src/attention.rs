@@ -3,7 +3,8 @@
 //! in order afterwards); the backward pass computes `delta = rowsum(dout * out)`, then `dq`
 //! per query row and `dk`, `dv` per key row (summing grouped query heads in order), so nothing
 //! races and nothing is T x T. The head-size loops of these kernels are generated here, fully
-//! unrolled over named vec4 registers up to head size 128, loops over arrays past it (see
+//! unrolled over named vec4 registers up to head size 128, loops over arrays past it and on
+//! CPU drivers, where the head sizes come from the parameters (see [`Head`] and
 //! `kernels/attention.wgsl`).
 
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
@@ -68,6 +69,12 @@ pub(crate) fn launch(
             ];
             let backward = matches!(op, Op::AttentionBackward { .. });
             let head = Head::new(core, op, q[3], v[3], backward)?;
+            // Causal masking is a parameter (p[7]): both kinds share their kernels.
+            let shared_op = if backward {
+                Op::AttentionBackward { causal: false }
+            } else {
+                Op::Attention { causal: false }
+            };
             let (ks, vs) = (&inputs[1].layout.strides, &inputs[2].layout.strides);
             let rows = q[0] * q[1] * q[2];
             let (splits, chunk) = key_splits(rows, kk[2]);
@@ -79,14 +86,14 @@ pub(crate) fn launch(
                     .u(vs[0])
                     .u(splits)
                     .u(chunk)
+                    .u(head.tile)
                     .all(o);
             };
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
-                let variant = format!("{section}/{}/{}/{}", head.kdim, head.vdim, head.tile);
                 run(
                     core,
-                    &key(op, inputs, outs, &variant),
+                    &key(&shared_op, inputs, outs, &head.variant(section)),
                     SRC,
                     section_of(section),
                     || Ok(head.subst(section)),
@@ -171,8 +178,16 @@ struct Head {
     tile: usize,
     /// Whether the head-size loops stay loops over arrays instead of being unrolled over
     /// named registers: head sizes above [`MAX_UNROLLED`], and every head size on CPU drivers,
-    /// which gain nothing from registers and compile unrolled code slowly.
+    /// which gain nothing from registers and compile unrolled code slowly. Looped kernels read
+    /// the head sizes and the tile from their parameters, so one kernel serves every head size
+    /// up to `4 * cap`: CPU drivers compile each kernel with LLVM when it first runs (seconds
+    /// each), and then compile once per dtype, not once per head-size pair.
     looped: bool,
+    /// Vec4s a looped kernel's row arrays hold (at least [`LOOPED_CAP`]).
+    cap: usize,
+    /// Vec4s each streamed tile of a looped kernel holds: as many as the adapter's workgroup
+    /// memory has room for beside the other tile and the rows' statistics, whatever the head.
+    tile_words: usize,
 }
 
 /// The largest head size whose rows are unrolled over named vec4 registers. Past it a
@@ -180,61 +195,103 @@ struct Head {
 /// that large takes minutes to compile on CPU drivers (LLVM, in lavapipe).
 const MAX_UNROLLED: usize = 128;
 
-/// Code over the vec4 chunks `0..n` of a head row: unrolled with `#` as the chunk's index
-/// (`#u` a literal, `name#` a register), or a loop over `c` with `name#` as `name[c]`.
+/// The fewest vec4s a looped kernel's row arrays hold: head sizes up to 256 share a kernel.
+const LOOPED_CAP: usize = 16;
+
+/// Which head row a loop runs over: a query's or key's (`kvec()` chunks) or a value's.
+#[derive(Clone, Copy)]
+enum Side {
+    K,
+    V,
+}
+
+/// Code over the vec4 chunks of a head row: unrolled with `#` as the chunk's index (`#u` a
+/// literal, `name#` a register), or a loop over `c` up to `kvec()` or `vvec()` with `name#`
+/// as `name[c]` of an array of `cap` vec4s.
 #[derive(Clone, Copy)]
 struct Chunks {
+    kvec: usize,
+    vvec: usize,
     looped: bool,
+    cap: usize,
 }
 
 impl Chunks {
-    /// `template` for every chunk.
-    fn each(self, n: usize, template: &str) -> String {
+    /// The chunks of `side`'s row: their number when unrolled, and the kernel's expression.
+    fn count(self, side: Side) -> (usize, &'static str) {
+        match side {
+            Side::K => (self.kvec, "kvec()"),
+            Side::V => (self.vvec, "vvec()"),
+        }
+    }
+
+    /// `template` for every chunk of `side`'s row.
+    fn each(self, side: Side, template: &str) -> String {
+        let (n, bound) = self.count(side);
         if self.looped {
             let body = template.replace("#u", "c").replace('#', "[c]");
-            format!("for (var c = 0u; c < {n}u; c++) {{\n{body}}}\n")
+            format!("for (var c = 0u; c < {bound}; c++) {{\n{body}}}\n")
         } else {
             each(n, template)
         }
     }
 
     /// Registers `name#` set to `value` (which may use `#u`).
-    fn regs(self, n: usize, name: &str, value: &str) -> String {
+    fn regs(self, side: Side, name: &str, value: &str) -> String {
         if self.looped {
-            format!("var {name}: array<vec4<f32>, {n}>;\n")
-                + &self.each(n, &format!("{name}# = {value};\n"))
+            format!("var {name}: array<vec4<f32>, {}>;\n", self.cap)
+                + &self.each(side, &format!("{name}# = {value};\n"))
         } else {
-            each(n, &format!("let {name}# = {value};\n"))
+            each(self.count(side).0, &format!("let {name}# = {value};\n"))
         }
     }
 
     /// Zeroed accumulators `acc#`.
-    fn zeros(self, n: usize) -> String {
+    fn zeros(self, side: Side) -> String {
         if self.looped {
-            format!("var acc: array<vec4<f32>, {n}>;\n")
+            format!("var acc: array<vec4<f32>, {}>;\n", self.cap)
         } else {
-            each(n, "var acc# = vec4<f32>(0.0);\n")
+            each(self.count(side).0, "var acc# = vec4<f32>(0.0);\n")
         }
     }
 
     /// The dot product of registers `reg#` with `tile[base + #]`: statements to run first and
     /// the expression (looped: a sum named `sum`).
-    fn dot(self, reg: &str, tile: &str, base: &str, n: usize, sum: &str) -> (String, String) {
+    fn dot(self, reg: &str, tile: &str, base: &str, side: Side, sum: &str) -> (String, String) {
         if self.looped {
             let stmts = format!("var {sum} = 0.0;\n")
-                + &self.each(n, &format!("{sum} += dot({reg}#, {tile}[{base} + #u]);\n"));
+                + &self.each(
+                    side,
+                    &format!("{sum} += dot({reg}#, {tile}[{base} + #u]);\n"),
+                );
             (stmts, sum.to_string())
         } else {
-            (String::new(), dot_chain(reg, tile, base, n))
+            (
+                String::new(),
+                dot_chain(reg, tile, base, self.count(side).0),
+            )
         }
     }
+}
+
+/// Kernels whose code does not depend on the head sizes (they read them from parameters).
+fn any_head(kernel: &str) -> bool {
+    matches!(kernel, "forward_rows" | "forward_combine" | "delta")
 }
 
 impl Head {
     fn new(core: &Core, op: &Op, kdim: usize, vdim: usize, backward: bool) -> Result<Head> {
         let (kvec, vvec) = (kdim.div_ceil(4).max(1), vdim.div_ceil(4).max(1));
-        let row_bytes = (kvec + vvec) * 16 + if backward { 8 } else { 0 };
-        let fit = core.workgroup_memory() / row_bytes;
+        let looped = core.is_cpu() || kdim.max(vdim) > MAX_UNROLLED;
+        let cap = kvec.max(vvec).next_power_of_two().max(LOOPED_CAP);
+        let tile_words =
+            (core.workgroup_memory().saturating_sub(8 * MAX_TILE) / 32).min(MAX_TILE * cap);
+        let (fit, row_bytes) = if looped {
+            (tile_words / kvec.max(vvec), kvec.max(vvec) * 32 + 8)
+        } else {
+            let row_bytes = (kvec + vvec) * 16 + if backward { 8 } else { 0 };
+            (core.workgroup_memory() / row_bytes, row_bytes)
+        };
         let tile = (fit.min(MAX_TILE) / 4) * 4;
         if tile == 0 {
             return Err(Error::unsupported(
@@ -254,54 +311,89 @@ impl Head {
             kvec,
             vvec,
             tile,
-            looped: core.is_cpu() || kdim.max(vdim) > MAX_UNROLLED,
+            looped,
+            cap,
+            tile_words,
         })
+    }
+
+    /// The pipeline variant of `kernel`: what its generated code depends on.
+    fn variant(&self, kernel: &str) -> String {
+        if any_head(kernel) {
+            kernel.to_string()
+        } else if self.looped {
+            format!("{kernel}/looped{}", self.cap)
+        } else {
+            format!("{kernel}/{}/{}/{}", self.kdim, self.vdim, self.tile)
+        }
+    }
+
+    /// The head sizes and tile as the kernel sees them: constants of unrolled kernels, or
+    /// read from the parameters (`p[5]`, `p[6]`, `p[15]`) by looped ones and by the kernels
+    /// whose code serves any head.
+    fn sizes(&self, kernel: &str) -> String {
+        let (kdim, vdim, kvec, vvec, tile, awords, bwords, trows);
+        if self.looped || any_head(kernel) {
+            (kdim, vdim, tile) = ("p[5]".into(), "p[6]".into(), "p[15]".into());
+            kvec = "max((p[5] + 3u) / 4u, 1u)".to_string();
+            vvec = "max((p[6] + 3u) / 4u, 1u)".to_string();
+            (awords, bwords, trows) = (self.tile_words, self.tile_words, MAX_TILE);
+        } else {
+            (kdim, vdim) = (format!("{}u", self.kdim), format!("{}u", self.vdim));
+            (kvec, vvec) = (format!("{}u", self.kvec), format!("{}u", self.vvec));
+            tile = format!("{}u", self.tile);
+            awords = self.tile * self.kvec;
+            bwords = self.tile * self.vvec;
+            trows = self.tile;
+        }
+        format!(
+            "fn kdim() -> u32 {{ return {kdim}; }}\nfn vdim() -> u32 {{ return {vdim}; }}\n\
+             fn kvec() -> u32 {{ return {kvec}; }}\nfn vvec() -> u32 {{ return {vvec}; }}\n\
+             fn tile() -> u32 {{ return {tile}; }}\nconst ROWS: u32 = {ROWS}u;\n\
+             const AWORDS: u32 = {awords}u;\nconst BWORDS: u32 = {bwords}u;\n\
+             const TROWS: u32 = {trows}u;\n"
+        )
     }
 
     /// The generated parts of `kernel`.
     fn subst(&self, kernel: &str) -> Vec<(&'static str, String)> {
-        let (kvec, vvec) = (self.kvec, self.vvec);
-        let consts = format!(
-            "const KDIM: u32 = {}u;\nconst VDIM: u32 = {}u;\nconst KVEC: u32 = {kvec}u;\n\
-             const VVEC: u32 = {vvec}u;\nconst TILE: u32 = {}u;\nconst ROWS: u32 = {ROWS}u;\n\
-             const AWORDS: u32 = {}u;\nconst BWORDS: u32 = {}u;\n",
-            self.kdim,
-            self.vdim,
-            self.tile,
-            self.tile * kvec,
-            self.tile * vvec
-        );
-        let mut helpers = row_loader("q_row", "ld1", "KDIM")
-            + &row_loader("k_row", "ld2", "KDIM")
-            + &row_loader("v_row", "ld3", "VDIM");
+        use Side::{K, V};
+        let mut helpers = row_loader("q_row", "ld1", "kdim()")
+            + &row_loader("k_row", "ld2", "kdim()")
+            + &row_loader("v_row", "ld3", "vdim()");
         let four = |f: &dyn Fn(usize) -> String| (0..4).map(f).collect::<String>();
         let ch = Chunks {
+            kvec: self.kvec,
+            vvec: self.vvec,
             looped: self.looped,
+            cap: self.cap,
         };
+        // Where the tiles' rows met together start: row `g` of the four.
+        let k_at = |base: &str, g: usize| format!("{base} + {g}u * kvec()");
+        let v_at = |base: &str, g: usize| format!("{base} + {g}u * vvec()");
         let (load, zero, scores, rescale, update, store);
         match kernel {
             "forward" => {
-                helpers += &row_storer("out_row", "st4", "VDIM");
-                helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
-                helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
-                load = ch.regs(kvec, "q", "scale * q_row(qb, #u)");
-                zero = ch.zeros(vvec);
+                helpers += &row_storer("out_row", "st4", "vdim()");
+                helpers += &tile_filler("fill_a", "ta", "k_row", "kvec()", "kdim()");
+                helpers += &tile_filler("fill_b", "tb", "v_row", "vvec()", "vdim()");
+                load = ch.regs(K, "q", "scale * q_row(qb, #u)");
+                zero = ch.zeros(V);
                 scores = four(&|g| {
-                    let base = format!("a0 + {}u", g * kvec);
-                    let (pre, qk) = ch.dot("q", "ta", &base, kvec, &format!("qk{g}"));
+                    let (pre, qk) = ch.dot("q", "ta", &k_at("a0", g), K, &format!("qk{g}"));
                     format!("{pre}let s{g} = select(-inf(), {qk}, j0 + jj + {g}u < lim);\n")
                 });
-                rescale = ch.each(vvec, "acc# *= alpha;\n");
-                update = accumulate(ch, vvec, "p", "tb", "b0", "VVEC");
-                store = ch.each(vvec, "out_row(o(4u) + row * VDIM, #u, acc# * inv);\n");
+                rescale = ch.each(V, "acc# *= alpha;\n");
+                update = accumulate(ch, V, "p", "tb", "b0", "vvec()");
+                store = ch.each(V, "out_row(o(4u) + row * vdim(), #u, acc# * inv);\n");
             }
             "dq" | "delta_sum" => {
-                helpers += &row_loader("do_row", "ld6", "VDIM");
-                helpers += &row_storer("dq_row", "st7", "KDIM");
-                helpers += &tile_filler("fill_a", "ta", "k_row", "KVEC", "KDIM");
-                helpers += &tile_filler("fill_b", "tb", "v_row", "VVEC", "VDIM");
-                load = ch.regs(kvec, "q", "scale * q_row(qb, #u)")
-                    + &ch.regs(vvec, "g", "do_row(gb, #u)");
+                helpers += &row_loader("do_row", "ld6", "vdim()");
+                helpers += &row_storer("dq_row", "st7", "kdim()");
+                helpers += &tile_filler("fill_a", "ta", "k_row", "kvec()", "kdim()");
+                helpers += &tile_filler("fill_b", "tb", "v_row", "vvec()", "vdim()");
+                load =
+                    ch.regs(K, "q", "scale * q_row(qb, #u)") + &ch.regs(V, "g", "do_row(gb, #u)");
                 // dq weighs k_j by P_ij (dP_ij - delta_i); delta_sum adds up P_ij dP_ij.
                 let weight = if kernel == "dq" {
                     "* ({} - delta)"
@@ -309,20 +401,8 @@ impl Head {
                     "* {}"
                 };
                 scores = four(&|g| {
-                    let (pre_s, qk) = ch.dot(
-                        "q",
-                        "ta",
-                        &format!("a0 + {}u", g * kvec),
-                        kvec,
-                        &format!("qk{g}"),
-                    );
-                    let (pre_p, dp) = ch.dot(
-                        "g",
-                        "tb",
-                        &format!("b0 + {}u", g * vvec),
-                        vvec,
-                        &format!("dp{g}"),
-                    );
+                    let (pre_s, qk) = ch.dot("q", "ta", &k_at("a0", g), K, &format!("qk{g}"));
+                    let (pre_p, dp) = ch.dot("g", "tb", &v_at("b0", g), V, &format!("dp{g}"));
                     format!(
                         "{pre_s}{pre_p}let d{g} = select(0.0, exp({qk} - lse) {}, j0 + jj + {g}u < lim);\n",
                         weight.replace("{}", &dp)
@@ -330,9 +410,9 @@ impl Head {
                 });
                 rescale = String::new();
                 if kernel == "dq" {
-                    zero = ch.zeros(kvec);
-                    update = accumulate(ch, kvec, "d", "ta", "a0", "KVEC");
-                    store = ch.each(kvec, "dq_row(o(7u) + row * KDIM, #u, acc# * scale);\n");
+                    zero = ch.zeros(K);
+                    update = accumulate(ch, K, "d", "ta", "a0", "kvec()");
+                    store = ch.each(K, "dq_row(o(7u) + row * kdim(), #u, acc# * scale);\n");
                 } else {
                     zero = "var total = 0.0;\n".to_string();
                     update = "total += (d0 + d1) + (d2 + d3);\n".to_string();
@@ -340,50 +420,36 @@ impl Head {
                 }
             }
             "dk" | "dv" => {
-                helpers += &row_loader("do_row", "ld6", "VDIM");
-                helpers += &tile_filler("fill_a", "ta", "q_row", "KVEC", "KDIM");
-                helpers += &tile_filler("fill_b", "tb", "do_row", "VVEC", "VDIM");
-                load = ch.regs(kvec, "k", "scale * k_row(kb, #u)")
+                helpers += &row_loader("do_row", "ld6", "vdim()");
+                helpers += &tile_filler("fill_a", "ta", "q_row", "kvec()", "kdim()");
+                helpers += &tile_filler("fill_b", "tb", "do_row", "vvec()", "vdim()");
+                load = ch.regs(K, "k", "scale * k_row(kb, #u)")
                     + &if kernel == "dk" {
-                        ch.regs(vvec, "v", "v_row(vb, #u)")
+                        ch.regs(V, "v", "v_row(vb, #u)")
                     } else {
                         String::new()
                     };
                 let visible = |g: usize| {
                     format!("ii + {g}u < cnt && i0 + ii + {g}u >= mine && r{g}.x != -inf()")
                 };
-                let score = |g: usize| {
-                    ch.dot(
-                        "k",
-                        "ta",
-                        &format!("a0 + {}u", g * kvec),
-                        kvec,
-                        &format!("qk{g}"),
-                    )
-                };
+                let score = |g: usize| ch.dot("k", "ta", &k_at("a0", g), K, &format!("qk{g}"));
                 rescale = String::new();
                 if kernel == "dk" {
-                    helpers += &row_storer("dk_row", "st8", "KDIM");
-                    zero = ch.zeros(kvec);
+                    helpers += &row_storer("dk_row", "st8", "kdim()");
+                    zero = ch.zeros(K);
                     scores = four(&|g| {
                         let (pre_s, qk) = score(g);
-                        let (pre_p, dp) = ch.dot(
-                            "v",
-                            "tb",
-                            &format!("b0 + {}u", g * vvec),
-                            vvec,
-                            &format!("dp{g}"),
-                        );
+                        let (pre_p, dp) = ch.dot("v", "tb", &v_at("b0", g), V, &format!("dp{g}"));
                         format!(
                             "let r{g} = trow[ii + {g}u];\n{pre_s}{pre_p}let d{g} = select(0.0, exp({qk} - r{g}.x) * ({dp} - r{g}.y), {});\n",
                             visible(g)
                         )
                     });
-                    update = accumulate(ch, kvec, "d", "ta", "a0", "KVEC");
-                    store = ch.each(kvec, "dk_row(o(8u) + kr * KDIM, #u, acc# * scale);\n");
+                    update = accumulate(ch, K, "d", "ta", "a0", "kvec()");
+                    store = ch.each(K, "dk_row(o(8u) + kr * kdim(), #u, acc# * scale);\n");
                 } else {
-                    helpers += &row_storer("dv_row", "st9", "VDIM");
-                    zero = ch.zeros(vvec);
+                    helpers += &row_storer("dv_row", "st9", "vdim()");
+                    zero = ch.zeros(V);
                     scores = four(&|g| {
                         let (pre_s, qk) = score(g);
                         format!(
@@ -391,14 +457,11 @@ impl Head {
                             visible(g)
                         )
                     });
-                    update = accumulate(ch, vvec, "d", "tb", "b0", "VVEC");
-                    store = ch.each(vvec, "dv_row(o(9u) + kr * VDIM, #u, acc#);\n");
+                    update = accumulate(ch, V, "d", "tb", "b0", "vvec()");
+                    store = ch.each(V, "dv_row(o(9u) + kr * vdim(), #u, acc#);\n");
                 }
             }
             _ => {
-                if kernel == "delta" {
-                    helpers += &row_loader("do_row", "ld6", "VDIM");
-                }
                 load = String::new();
                 zero = String::new();
                 scores = String::new();
@@ -408,7 +471,7 @@ impl Head {
             }
         }
         vec![
-            ("CONSTS", consts),
+            ("SIZES", self.sizes(kernel)),
             ("HELPERS", helpers),
             ("LOAD_REGS", load),
             ("ZERO_ACC", zero),
@@ -443,7 +506,7 @@ fn dot_chain(reg: &str, tile: &str, base: &str, n: usize) -> String {
 }
 
 /// `acc# += w0 * tile[...] + ... + w3 * tile[...]` over the four rows met at once.
-fn accumulate(ch: Chunks, n: usize, weight: &str, tile: &str, base: &str, width: &str) -> String {
+fn accumulate(ch: Chunks, side: Side, weight: &str, tile: &str, base: &str, width: &str) -> String {
     let rows: Vec<String> = (0..4)
         .map(|g| {
             let at = if g == 0 {
@@ -454,7 +517,7 @@ fn accumulate(ch: Chunks, n: usize, weight: &str, tile: &str, base: &str, width:
             format!("{weight}{g} * {tile}[{base} + {at} + #u]")
         })
         .collect();
-    ch.each(n, &format!("acc# += {};\n", rows.join(" + ")))
+    ch.each(side, &format!("acc# += {};\n", rows.join(" + ")))
 }
 
 /// `fn name(base, c) -> vec4<f32>`: elements `4c..4c + 3` of a row at `base`, zeros past `dim`.
@@ -487,7 +550,7 @@ fn row_storer(name: &str, st: &str, dim: &str) -> String {
 /// past `cnt` as zeros, so that masked products stay finite).
 fn tile_filler(name: &str, tile: &str, loader: &str, vecs: &str, dim: &str) -> String {
     format!(
-        "fn {name}(base: u32, cnt: u32, lid: u32) {{\n    for (var e = lid; e < TILE * {vecs}; e += ROWS) {{\n        \
+        "fn {name}(base: u32, cnt: u32, lid: u32) {{\n    for (var e = lid; e < tile() * {vecs}; e += ROWS) {{\n        \
          let r = e / {vecs};\n        var x = vec4<f32>(0.0);\n        \
          if (r < cnt) {{ x = {loader}(base + r * {dim}, e % {vecs}); }}\n        {tile}[e] = x;\n    }}\n}}\n"
     )

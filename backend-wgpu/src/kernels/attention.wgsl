@@ -1,19 +1,21 @@
 // Fused attention, forward and backward, in the flash style: a thread per query row (or key
-// row), ROWS rows per workgroup, the other side streamed through workgroup memory TILE rows at
-// a time; nothing T x T is stored. Head rows live in registers as vec4s: the upper-case
-// placeholders are generated per head size (attention.rs) with every vec4 named, so loops over
-// the head dimension are unrolled and nothing is indexed dynamically. Rows meet the streamed
-// side four at a time.
+// row), ROWS rows per workgroup, the other side streamed through workgroup memory tile() rows
+// at a time; nothing T x T is stored. Head rows live in registers as vec4s: the upper-case
+// placeholders are generated (attention.rs) either per head size with every vec4 named, so
+// loops over the head dimension are unrolled and nothing is indexed dynamically, or as loops
+// over arrays for any head size (large heads, CPU drivers). The first of them defines kdim(),
+// vdim() (head sizes), kvec(), vvec() (their vec4s) and tile(): constants of an unrolled
+// kernel, parameters of a looped one. Rows meet the streamed side four at a time.
 // Parameters: p[0] B, p[1] Hq, p[2] Hkv, p[3] Tq, p[4] Tk, p[5] D, p[6] Dv, p[7] causal,
 // p[8] scale, p[9] / p[10] the head / batch stride of k, p[11] / p[12] those of v (rows are
 // contiguous, heads may lie further apart: a view of a KV cache), p[13] / p[14] the key splits
-// and keys per split of forward_rows, then binding offsets from p[15].
+// and keys per split of forward_rows, p[15] the tile, then binding offsets from p[16].
 // Backward bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 dout, 7 dq, 8 dk, 9 dv, 10 delta (scratch,
 // one per query row: sum(dout * out)).
 
-CONSTS
+SIZES
 
-fn o(k: u32) -> u32 { return p[14u + k]; }
+fn o(k: u32) -> u32 { return p[15u + k]; }
 
 // The streamed tiles: keys and values (forward, dq) or queries and output gradients (dk, dv).
 var<workgroup> ta: array<vec4<f32>, AWORDS>;
@@ -53,20 +55,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let span = visible(min(i0 + ROWS, tq) - 1u);
         let kb = k_base(bh);
         let vb = v_base(bh);
-        let qb = o(1u) + row * KDIM;
+        let qb = o(1u) + row * kdim();
         LOAD_REGS
         ZERO_ACC
         var m = -inf();
         var l = 0.0;
-        for (var j0 = 0u; j0 < span; j0 += TILE) {
-            let cnt = min(TILE, span - j0);
+        for (var j0 = 0u; j0 < span; j0 += tile()) {
+            let cnt = min(tile(), span - j0);
             workgroupBarrier();
-            fill_a(kb + j0 * KDIM, cnt, lid);
-            fill_b(vb + j0 * VDIM, cnt, lid);
+            fill_a(kb + j0 * kdim(), cnt, lid);
+            fill_b(vb + j0 * vdim(), cnt, lid);
             workgroupBarrier();
             for (var jj = 0u; jj < cnt && j0 + jj < lim; jj += 4u) {
-                let a0 = jj * KVEC;
-                let b0 = jj * VVEC;
+                let a0 = jj * kvec();
+                let b0 = jj * vvec();
                 SCORES
                 let m_new = max(m, max(max(s0, s1), max(s2, s3)));
                 if (m_new > m) {
@@ -232,19 +234,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let span = visible(min(i0 + ROWS, tq) - 1u);
         let kb = k_base(bh);
         let vb = v_base(bh);
-        let qb = o(1u) + row * KDIM;
-        let gb = o(6u) + row * VDIM;
+        let qb = o(1u) + row * kdim();
+        let gb = o(6u) + row * vdim();
         LOAD_REGS
         ZERO_ACC
-        for (var j0 = 0u; j0 < span; j0 += TILE) {
-            let cnt = min(TILE, span - j0);
+        for (var j0 = 0u; j0 < span; j0 += tile()) {
+            let cnt = min(tile(), span - j0);
             workgroupBarrier();
-            fill_a(kb + j0 * KDIM, cnt, lid);
-            fill_b(vb + j0 * VDIM, cnt, lid);
+            fill_a(kb + j0 * kdim(), cnt, lid);
+            fill_b(vb + j0 * vdim(), cnt, lid);
             workgroupBarrier();
             for (var jj = 0u; jj < cnt && j0 + jj < lim; jj += 4u) {
-                let a0 = jj * KVEC;
-                let b0 = jj * VVEC;
+                let a0 = jj * kvec();
+                let b0 = jj * vvec();
                 SCORES
                 UPDATE
             }
@@ -259,11 +261,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // A thread per key row j of one key/value head; the queries of every head in its group pass
 // through workgroup memory in order, so each gradient sums its terms in a fixed order:
 // dk_j = scale * sum_i P_ij (dP_ij - delta_i) q_i and dv_j = sum_i P_ij dout_i (two variants).
-var<workgroup> trow: array<vec2<f32>, TILE>;
+var<workgroup> trow: array<vec2<f32>, TROWS>;
 
 // lse and delta of query rows `row0..row0 + cnt`; rows past `cnt` see nothing (lse -inf).
 fn fill_rows(row0: u32, cnt: u32, lid: u32) {
-    for (var e = lid; e < TILE; e += ROWS) {
+    for (var e = lid; e < tile(); e += ROWS) {
         var x = vec2<f32>(-inf(), 0.0);
         if (e < cnt) { x = vec2<f32>(ld5(o(5u) + row0 + e), ld10(o(10u) + row0 + e)); }
         trow[e] = x;
@@ -291,23 +293,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (causal && j0 + tq > tk) { first = j0 + tq - tk; }
         var mine = 0u;
         if (causal && j + tq > tk) { mine = j + tq - tk; }
-        let kb = k_at(b, g) + min(j, tk - 1u) * KDIM;
-        let vb = v_at(b, g) + min(j, tk - 1u) * VDIM;
+        let kb = k_at(b, g) + min(j, tk - 1u) * kdim();
+        let vb = v_at(b, g) + min(j, tk - 1u) * vdim();
         LOAD_REGS
         ZERO_ACC
         for (var hh = 0u; hh < group; hh++) {
             let qrow0 = (b * p[1] + g * group + hh) * tq;
-            for (var i0 = first; i0 < tq; i0 += TILE) {
-                let cnt = min(TILE, tq - i0);
+            for (var i0 = first; i0 < tq; i0 += tile()) {
+                let cnt = min(tile(), tq - i0);
                 workgroupBarrier();
-                fill_a(o(1u) + (qrow0 + i0) * KDIM, cnt, lid);
-                fill_b(o(6u) + (qrow0 + i0) * VDIM, cnt, lid);
+                fill_a(o(1u) + (qrow0 + i0) * kdim(), cnt, lid);
+                fill_b(o(6u) + (qrow0 + i0) * vdim(), cnt, lid);
                 fill_rows(qrow0 + i0, cnt, lid);
                 workgroupBarrier();
                 if (live) {
                     for (var ii = (max(mine, i0) - i0) & ~3u; ii < cnt; ii += 4u) {
-                        let a0 = ii * KVEC;
-                        let b0 = ii * VVEC;
+                        let a0 = ii * kvec();
+                        let b0 = ii * vvec();
                         SCORES
                         UPDATE
                     }

@@ -516,8 +516,8 @@ impl Core {
     /// A 2-D grid of at least `groups` workgroups where the device allows, else as many as
     /// fit; kernels loop over the rest.
     pub(crate) fn grid(&self, groups: u64) -> [u32; 3] {
-        let x = groups.clamp(1, self.max_groups);
-        let y = groups.div_ceil(x).clamp(1, self.max_groups);
+        let y = groups.div_ceil(self.max_groups).clamp(1, self.max_groups);
+        let x = groups.div_ceil(y).clamp(1, self.max_groups);
         [x as u32, y as u32, 1]
     }
 

@@ -128,6 +128,8 @@ struct Epilogue {
     /// Bindings (from 1) of the bias and the residual.
     bias_at: Option<usize>,
     res_at: Option<usize>,
+    /// The activation as the kernels' `activate` reads it from the parameters.
+    activation: usize,
 }
 
 impl Epilogue {
@@ -153,12 +155,15 @@ impl Epilogue {
         if let Some(i) = bias_at {
             code += &format!("v += ld{i}(p[11] + gn * p[12]);\n");
         }
-        match activation {
-            Some(UnaryOp::Relu) => code += "v = relu(v);\n",
-            Some(UnaryOp::Gelu) => code += "v = gelu(v);\n",
-            Some(UnaryOp::Silu) => code += "v = silu(v);\n",
+        let activation = match activation {
+            None => 0,
+            Some(UnaryOp::Relu) => 1,
+            Some(UnaryOp::Gelu) => 2,
+            Some(UnaryOp::Silu) => 3,
             Some(_) => return Err(unsupported(op)),
-            None => {}
+        };
+        if activation > 0 {
+            code += "v = activate(v);\n";
         }
         if let Some(i) = res_at {
             code += &format!("v += ld{i}(r_base + gm * p[14] + gn * p[15]);\n");
@@ -168,7 +173,43 @@ impl Epilogue {
             store: format!("st{next}"),
             bias_at,
             res_at,
+            activation,
         })
+    }
+}
+
+/// The pipeline key of a matmul kernel: which activation an op applies is a parameter, so the
+/// key names only whether it applies one.
+fn kernel_key(
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    variant: &str,
+) -> String {
+    match *op {
+        Op::Matmul {
+            bias,
+            activation,
+            residual,
+        } => {
+            let kernel_op = Op::Matmul {
+                bias,
+                activation: None,
+                residual,
+            };
+            let activated = if activation.is_some() {
+                "/activated"
+            } else {
+                ""
+            };
+            key(
+                &kernel_op,
+                inputs,
+                outputs,
+                &format!("{variant}{activated}"),
+            )
+        }
+        _ => key(op, inputs, outputs, variant),
     }
 }
 
@@ -191,6 +232,7 @@ pub(crate) fn launch(
         store,
         bias_at,
         res_at,
+        activation,
     } = Epilogue::of(op)?;
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
@@ -216,6 +258,7 @@ pub(crate) fn launch(
         batch,
         bias_at,
         res_at,
+        activation,
         splits: 1,
         k_per_split: k,
     };
@@ -246,7 +289,7 @@ pub(crate) fn launch(
     let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
     run_grid(
         core,
-        &key(op, inputs, outputs, &variant),
+        &kernel_key(op, inputs, outputs, &variant),
         SRC,
         section,
         move || {
@@ -312,7 +355,7 @@ fn launch_split(
     };
     run_grid(
         core,
-        &key(op, &inputs[..2], &[sums], &variant),
+        &kernel_key(op, &inputs[..2], &[sums], &variant),
         SRC,
         "matmul",
         || Ok(split_subst),
@@ -352,7 +395,7 @@ fn sum_splits(
     bound[1] = windows::with_layout(b, &corner);
     run(
         core,
-        &key(op, &bound, outputs, "sum_splits"),
+        &kernel_key(op, &bound, outputs, "sum_splits"),
         SRC,
         "sum_splits",
         || Ok(finish.to_vec()),
@@ -594,6 +637,7 @@ fn split_k_windows(
         batch: 1,
         bias_at: epilogue.bias_at,
         res_at: epilogue.res_at,
+        activation: epilogue.activation,
         splits,
         k_per_split: kc,
     };
@@ -611,6 +655,8 @@ struct Problem<'a> {
     /// Bindings (from 1) of the bias and the residual.
     bias_at: Option<usize>,
     res_at: Option<usize>,
+    /// The epilogue's activation ([`Epilogue::activation`]).
+    activation: usize,
     splits: usize,
     k_per_split: usize,
 }
@@ -641,7 +687,7 @@ impl Problem<'_> {
             Some(t) => p.all(&t.strides[..r - 2]),
             None => p.all(&vec![0; r - 2]),
         };
-        p.u(self.splits).u(self.k_per_split);
+        p.u(self.splits).u(self.k_per_split).u(self.activation);
     }
 }
 
@@ -655,12 +701,23 @@ mod tests {
     #[test]
     fn the_tensor_core_kernel_is_valid_wgsl() {
         let f16 = |output| (DType::F16, output);
+        let every = Op::Matmul {
+            bias: true,
+            activation: Some(UnaryOp::Gelu),
+            residual: true,
+        };
+        let every = Epilogue::of(&every).expect("a matmul epilogue");
         for (a_at, b_at, epilogue, bindings) in [
-            ("coop_k", "coop_mn", "", vec![f16(false), f16(false), f16(true)]),
+            (
+                "coop_k",
+                "coop_mn",
+                "",
+                vec![f16(false), f16(false), f16(true)],
+            ),
             (
                 "coop_mn",
                 "coop_k",
-                "v += ld3(p[11] + gn * p[12]);\nv = gelu(v);\nv += ld4(r_base + gm * p[14] + gn * p[15]);\n",
+                every.code.as_str(),
                 vec![f16(false), f16(false), f16(false), f16(false), f16(true)],
             ),
         ] {

@@ -6,7 +6,7 @@
 // p[10] b column stride, p[11] bias offset, p[12] bias stride, p[13] residual offset,
 // p[14] residual row stride, p[15] residual column stride, p[16] output offset,
 // then batch shape, a, b and residual batch strides (BR each), then the split-K count S and
-// the k per split (see sum_splits).
+// the k per split (see sum_splits), then the epilogue's activation (see `activate`).
 //
 // Each thread owns rows 4*tr..4*tr+3 and 64+4*tr..64+4*tr+3 of the tile and the same pattern
 // of columns in tc, so one k costs it four vec4 reads of workgroup memory for 64 FMAs, and the
@@ -138,6 +138,19 @@ fn step(acc: ptr<function, Acc>, buf: u32, tr: u32, tc: u32) {
     mac(acc, buf, 5u, tr, tc);
     mac(acc, buf, 6u, tr, tc);
     mac(acc, buf, 7u, tr, tc);
+}
+
+// The epilogue's activation, a parameter rather than code so that one kernel serves them all:
+// 0 none, 1 ReLU, 2 GELU, 3 SiLU. A uniform branch per output costs nothing beside the
+// products, and drivers that compile each kernel when it first runs (LLVM, in lavapipe) compile
+// a quarter as many.
+fn activate(v: f32) -> f32 {
+    switch p[19u + 4u * p[4]] {
+        case 1u: { return relu(v); }
+        case 2u: { return gelu(v); }
+        case 3u: { return silu(v); }
+        default: { return v; }
+    }
 }
 
 // Finishes and writes output (gm, gn) if it is inside the M x N matrix.

@@ -219,6 +219,31 @@ impl Target {
     }
 }
 
+/// The (sample, check) jobs grouped by op family (an op with its backward ops, whose kernels
+/// its backward check launches), the families with the most jobs first, each family's forward
+/// checks before its backward checks and gradchecks. A worker runs a whole family, so workers
+/// compile different kernels at any moment: a driver that compiles each kernel when it first
+/// runs (lavapipe, with LLVM: seconds for a large kernel) compiles it once, and the family's
+/// later samples on the same worker find it compiled.
+pub fn job_families(samples: &[Sample], checks: &[Check]) -> Vec<Vec<(usize, Check)>> {
+    let family = |s: &Sample| {
+        let name = s.op.name();
+        match name.find("_backward") {
+            Some(end) => name[..end].to_string(),
+            None => name,
+        }
+    };
+    let mut families: BTreeMap<String, Vec<(usize, Check)>> = BTreeMap::new();
+    for &check in checks {
+        for (i, sample) in samples.iter().enumerate() {
+            families.entry(family(sample)).or_default().push((i, check));
+        }
+    }
+    let mut families: Vec<Vec<(usize, Check)>> = families.into_values().collect();
+    families.sort_by_key(|jobs| std::cmp::Reverse(jobs.len()));
+    families
+}
+
 /// The most instances of one device a suite opens: enough for the cores of a CI machine,
 /// few enough not to fill a GPU host (16 cores) with devices and their memory pools.
 pub const MAX_INSTANCES: usize = 4;
@@ -256,29 +281,27 @@ impl Suite {
         })
     }
 
-    /// Runs the given checks over `samples`, spread over the machine's cores.
+    /// Runs the given checks over `samples`, spread over the machine's cores: each worker
+    /// takes the next family of jobs of [`job_families`] and runs all of it.
     pub fn run(&self, samples: &[Sample], checks: &[Check]) -> Report {
-        let jobs: Vec<(usize, Check)> = checks
-            .iter()
-            .flat_map(|&c| (0..samples.len()).map(move |i| (i, c)))
-            .collect();
+        let families = job_families(samples, checks);
         let next = AtomicUsize::new(0);
         let results = Mutex::new(Vec::new());
         let ledger = Ledger::default();
         std::thread::scope(|scope| {
             for worker in 0..workers() {
-                let (next, results, ledger, jobs) = (&next, &results, &ledger, &jobs);
-                scope.spawn(move || loop {
-                    let j = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(i, check)) = jobs.get(j) else {
-                        break;
-                    };
-                    let outcomes = match check {
-                        Check::Forward => self.forward(&samples[i], worker, ledger),
-                        Check::Backward => self.backward(&samples[i], worker, ledger),
-                        Check::Gradcheck => self.gradcheck(&samples[i], worker, ledger),
-                    };
-                    results.lock().expect("results lock").extend(outcomes);
+                let (next, results, ledger, families) = (&next, &results, &ledger, &families);
+                scope.spawn(move || {
+                    while let Some(jobs) = families.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        for &(i, check) in jobs {
+                            let outcomes = match check {
+                                Check::Forward => self.forward(&samples[i], worker, ledger),
+                                Check::Backward => self.backward(&samples[i], worker, ledger),
+                                Check::Gradcheck => self.gradcheck(&samples[i], worker, ledger),
+                            };
+                            results.lock().expect("results lock").extend(outcomes);
+                        }
+                    }
                 });
             }
         });
@@ -957,6 +980,34 @@ pub fn target_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_family_is_an_op_with_its_backward_ops_largest_first() {
+        let sample = |op: Op| Sample::new(op, "", Vec::new());
+        let samples = [
+            sample(Op::Softmax),
+            sample(Op::LayerNorm),
+            sample(Op::SoftmaxBackward),
+            sample(Op::LayerNormBackward),
+            sample(Op::Softmax),
+        ];
+        let families = job_families(&samples, &[Check::Forward, Check::Backward]);
+        let softmax = vec![
+            (0, Check::Forward),
+            (2, Check::Forward),
+            (4, Check::Forward),
+            (0, Check::Backward),
+            (2, Check::Backward),
+            (4, Check::Backward),
+        ];
+        let layer_norm = vec![
+            (1, Check::Forward),
+            (3, Check::Forward),
+            (1, Check::Backward),
+            (3, Check::Backward),
+        ];
+        assert_eq!(families, vec![softmax, layer_norm]);
+    }
 
     #[test]
     fn nan_and_infinity_positions_must_match() {

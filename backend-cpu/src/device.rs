@@ -9,7 +9,7 @@ use tessera_core::memory::Pool;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
-    Op, Result, TensorRef,
+    Op, OpFamily, Result, TensorRef,
 };
 
 use crate::buffer::{bytes, bytes_mut, cpu_buffer, CpuBuffer, SharedPool};
@@ -250,43 +250,18 @@ impl Kernel for CpuKernel {
         scalars: &[f64],
     ) -> Result<()> {
         validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
-        use Op::*;
-        match &self.op {
-            Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
-                random::launch(&self.op, outputs, scalars)
-            }
-            Cast { .. }
-            | Copy
-            | Unary(_)
-            | UnaryBackward(_)
-            | Binary(_)
-            | Compare(_)
-            | Where
-            | SwiGlu
-            | SwiGluBackward => elementwise::launch(&self.op, inputs, outputs, scalars),
-            Reduce { .. }
-            | ArgMax { .. }
-            | Softmax
-            | LogSoftmax
-            | SoftmaxBackward
-            | LogSoftmaxBackward => reduce::launch(&self.op, inputs, outputs),
-            Matmul { .. } => matmul::launch(&self.op, inputs, outputs),
-            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
-                movement::launch(&self.op, inputs, outputs)
-            }
-            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
-                norm::launch(&self.op, inputs, outputs, scalars)
-            }
-            Rotary | Attention { .. } | AttentionBackward { .. } => {
-                attention::launch(&self.op, inputs, outputs, scalars)
-            }
-            CrossEntropy | CrossEntropyBackward => loss::launch(&self.op, inputs, outputs),
-            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => {
-                optim::launch(&self.op, inputs, outputs, scalars)
-            }
-            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
-                conv::launch(&self.op, inputs, outputs)
-            }
+        let op = &self.op;
+        match op.family() {
+            OpFamily::Random => random::launch(op, outputs, scalars),
+            OpFamily::Elementwise => elementwise::launch(op, inputs, outputs, scalars),
+            OpFamily::Reduce => reduce::launch(op, inputs, outputs),
+            OpFamily::Matmul => matmul::launch(op, inputs, outputs),
+            OpFamily::Movement => movement::launch(op, inputs, outputs),
+            OpFamily::Norm => norm::launch(op, inputs, outputs, scalars),
+            OpFamily::Attention => attention::launch(op, inputs, outputs, scalars),
+            OpFamily::Loss => loss::launch(op, inputs, outputs),
+            OpFamily::Optim => optim::launch(op, inputs, outputs, scalars),
+            OpFamily::Conv => conv::launch(op, inputs, outputs),
         }
     }
 }

@@ -10,7 +10,7 @@ use tessera_core::memory::Pool;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, KernelTime, Limits,
-    MemoryStats, Op, PendingBytes, ReadyBytes, Result, TensorRef,
+    MemoryStats, Op, OpFamily, PendingBytes, ReadyBytes, Result, TensorRef,
 };
 
 use crate::buffer::{wgpu_buffer, Block, SharedPool, WgpuBuffer};
@@ -1351,40 +1351,16 @@ pub(crate) fn launch_family(
     o: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
-    use Op::*;
-    match op {
-        Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
-            random::launch(core, op, o, s, 0)
-        }
-        Cast { .. }
-        | Copy
-        | Unary(_)
-        | UnaryBackward(_)
-        | Binary(_)
-        | Compare(_)
-        | Where
-        | SwiGlu
-        | SwiGluBackward => elementwise::launch(core, op, i, o, s),
-        Reduce { .. }
-        | ArgMax { .. }
-        | Softmax
-        | LogSoftmax
-        | SoftmaxBackward
-        | LogSoftmaxBackward => reduce::launch(core, op, i, o),
-        Matmul { .. } => matmul::launch(core, op, i, o),
-        Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
-            movement::launch(core, op, i, o)
-        }
-        LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
-            norm::launch(core, op, i, o, s)
-        }
-        Rotary | Attention { .. } | AttentionBackward { .. } => {
-            attention::launch(core, op, i, o, s)
-        }
-        CrossEntropy | CrossEntropyBackward => loss::launch(core, op, i, o),
-        AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => optim::launch(core, op, i, o, s),
-        Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
-            conv::launch(core, op, i, o)
-        }
+    match op.family() {
+        OpFamily::Random => random::launch(core, op, o, s, 0),
+        OpFamily::Elementwise => elementwise::launch(core, op, i, o, s),
+        OpFamily::Reduce => reduce::launch(core, op, i, o),
+        OpFamily::Matmul => matmul::launch(core, op, i, o),
+        OpFamily::Movement => movement::launch(core, op, i, o),
+        OpFamily::Norm => norm::launch(core, op, i, o, s),
+        OpFamily::Attention => attention::launch(core, op, i, o, s),
+        OpFamily::Loss => loss::launch(core, op, i, o),
+        OpFamily::Optim => optim::launch(core, op, i, o, s),
+        OpFamily::Conv => conv::launch(core, op, i, o),
     }
 }

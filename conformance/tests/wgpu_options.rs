@@ -15,7 +15,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera::tessera_wgpu::{WgpuDevice, WgpuOptions};
-use tessera::{open_device, DType, Op};
+use tessera::{open_device, DType, Op, OpFamily};
 use tessera_conformance::env::{listings_under_test, op_under_test};
 use tessera_conformance::harness::Target;
 use tessera_conformance::samples::{family_samples, windows};
@@ -24,58 +24,12 @@ use tessera_conformance::{Check, Sample, Status, Suite};
 /// The binding cap: small enough that most samples need several windows.
 const MAX_BINDING: u64 = 64 << 10;
 
-/// Ops that run over windows (`backend-wgpu/src/windows.rs`).
-fn windowed(op: &Op) -> bool {
-    use Op::*;
-    matches!(
-        op,
-        Cast { .. }
-            | Copy
-            | Unary(_)
-            | UnaryBackward(_)
-            | Binary(_)
-            | Compare(_)
-            | Where
-            | SwiGlu
-            | SwiGluBackward
-            | Fill { .. }
-            | Arange { .. }
-            | RandUniform { .. }
-            | RandNormal { .. }
-            | AdamUpdate { .. }
-            | SgdUpdate { .. }
-            | SquaredNorm
-            | Concat { .. }
-            | Embedding
-            | EmbeddingBackward
-            | Matmul { .. }
-            | Softmax
-            | LogSoftmax
-            | SoftmaxBackward
-            | LogSoftmaxBackward
-            | LayerNorm
-            | RmsNorm
-            | LayerNormBackward
-            | RmsNormBackward
-            | Reduce { .. }
-            | ArgMax { .. }
-            | Rotary
-            | Gather { .. }
-            | ScatterAdd { .. }
-            | Conv2d { .. }
-            | Conv2dBackwardData { .. }
-            | Conv2dBackwardWeight { .. }
-    )
-}
-
-/// Ops that run over windows but whose family samples have parts wider than 64 KiB (rows of
-/// vocabularies past 65,536, heads of 600 positions): only their `samples::windows` run here.
-fn windowed_in_large_parts(op: &Op) -> bool {
-    use Op::*;
-    matches!(
-        op,
-        CrossEntropy | CrossEntropyBackward | Attention { .. } | AttentionBackward { .. }
-    )
+/// Ops whose family samples have parts wider than 64 KiB (rows of vocabularies past 65,536,
+/// heads of 600 positions): only their `samples::windows` run here. Every other op runs its
+/// family samples too (every op runs over windows: `backend-wgpu/src/windows.rs`).
+fn has_parts_past_the_cap(op: &Op) -> bool {
+    matches!(op.family(), OpFamily::Loss)
+        || matches!(op, Op::Attention { .. } | Op::AttentionBackward { .. })
 }
 
 /// Ops whose kernels reduce over a workgroup (`wg_sum`/`wg_max`).
@@ -184,13 +138,11 @@ fn ops_past_one_binding_match_the_reference() {
         .iter()
         .flat_map(|op| {
             let mut list = Vec::new();
-            if windowed(op) {
+            if !has_parts_past_the_cap(op) {
                 list.extend(family_samples(op));
             }
-            if windowed(op) || windowed_in_large_parts(op) {
-                list.extend(windows::samples(op, 70, 300));
-                list.extend(windows::scaled_samples(op, 70, 300));
-            }
+            list.extend(windows::samples(op, 70, 300));
+            list.extend(windows::scaled_samples(op, 70, 300));
             list
         })
         .collect();

@@ -7,16 +7,18 @@
 //! (f64 for f64). `activation` is one of relu, gelu (tanh) or silu. `K = 0` gives
 //! `act(bias) + residual`.
 
-use super::{require_float, require_same_dtype, specs_str, TensorSpec, UnaryOp};
+use super::{require_float, require_same_dtype, specs_str, Op, TensorSpec};
 use crate::{Error, Result};
 
-pub(super) fn infer(
-    name: &str,
-    inputs: &[TensorSpec],
-    bias: bool,
-    activation: Option<UnaryOp>,
-    residual: bool,
-) -> Result<Vec<TensorSpec>> {
+pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<TensorSpec>> {
+    let Op::Matmul {
+        bias,
+        activation,
+        residual,
+    } = *op
+    else {
+        return Err(Error::invalid(name, "not a matmul"));
+    };
     let all: Vec<usize> = (0..inputs.len()).collect();
     require_float(name, inputs, &all)?;
     require_same_dtype(name, inputs, &all)?;

@@ -36,6 +36,23 @@ mod random;
 mod reduce;
 
 pub use conv::Conv2dParams;
+
+/// The op families: each backend runs an op by its family's kernels, kept in a file named
+/// after the family (`norm.rs`, `kernels/norm.wgsl`), so one op is found in the same place in
+/// every backend. [`Op::family`] is the one map from ops to families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpFamily {
+    Random,
+    Elementwise,
+    Reduce,
+    Matmul,
+    Movement,
+    Norm,
+    Attention,
+    Loss,
+    Optim,
+    Conv,
+}
 pub use elementwise::{BinaryOp, CompareOp, UnaryOp};
 pub use reduce::ReduceOp;
 
@@ -233,6 +250,42 @@ impl Op {
         ops
     }
 
+    /// The family whose kernels run this op: the file that holds it in every backend.
+    pub fn family(&self) -> OpFamily {
+        use Op::*;
+        match self {
+            Fill { .. } | Arange { .. } | RandUniform { .. } | RandNormal { .. } => {
+                OpFamily::Random
+            }
+            Cast { .. }
+            | Copy
+            | Unary(_)
+            | UnaryBackward(_)
+            | Binary(_)
+            | Compare(_)
+            | Where
+            | SwiGlu
+            | SwiGluBackward => OpFamily::Elementwise,
+            Reduce { .. }
+            | ArgMax { .. }
+            | Softmax
+            | LogSoftmax
+            | SoftmaxBackward
+            | LogSoftmaxBackward => OpFamily::Reduce,
+            Matmul { .. } => OpFamily::Matmul,
+            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
+                OpFamily::Movement
+            }
+            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => OpFamily::Norm,
+            Rotary | Attention { .. } | AttentionBackward { .. } => OpFamily::Attention,
+            CrossEntropy | CrossEntropyBackward => OpFamily::Loss,
+            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => OpFamily::Optim,
+            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
+                OpFamily::Conv
+            }
+        }
+    }
+
     /// The catalog name: the same for every static parameter choice (`sum` for any axes).
     pub fn name(&self) -> String {
         use Op::*;
@@ -391,7 +444,6 @@ impl Op {
         inputs: &[TensorSpec],
         out_shape: Option<&[usize]>,
     ) -> Result<Vec<TensorSpec>> {
-        use Op::*;
         let name = self.name();
         let arity = self.arity();
         if let Some(n) = arity {
@@ -402,46 +454,17 @@ impl Op {
                 ));
             }
         }
-        let out = match self {
-            Fill { dtype } | Arange { dtype } | RandUniform { dtype } | RandNormal { dtype } => {
-                random::infer(self, &name, *dtype, out_shape)?
-            }
-            Cast { .. }
-            | Copy
-            | Unary(_)
-            | UnaryBackward(_)
-            | Binary(_)
-            | Compare(_)
-            | Where
-            | SwiGlu
-            | SwiGluBackward => elementwise::infer(self, &name, inputs)?,
-            Reduce { .. }
-            | ArgMax { .. }
-            | Softmax
-            | LogSoftmax
-            | SoftmaxBackward
-            | LogSoftmaxBackward => reduce::infer(self, &name, inputs)?,
-            Matmul {
-                bias,
-                activation,
-                residual,
-            } => matmul::infer(&name, inputs, *bias, *activation, *residual)?,
-            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
-                movement::infer(self, &name, inputs, out_shape)?
-            }
-            LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => {
-                norm::infer(self, &name, inputs)?
-            }
-            Rotary | Attention { .. } | AttentionBackward { .. } => {
-                attention::infer(self, &name, inputs)?
-            }
-            CrossEntropy | CrossEntropyBackward => loss::infer(self, &name, inputs)?,
-            AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => {
-                optim::infer(self, &name, inputs)?
-            }
-            Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
-                conv::infer(self, &name, inputs, out_shape)?
-            }
+        let out = match self.family() {
+            OpFamily::Random => random::infer(self, &name, out_shape)?,
+            OpFamily::Elementwise => elementwise::infer(self, &name, inputs)?,
+            OpFamily::Reduce => reduce::infer(self, &name, inputs)?,
+            OpFamily::Matmul => matmul::infer(self, &name, inputs)?,
+            OpFamily::Movement => movement::infer(self, &name, inputs, out_shape)?,
+            OpFamily::Norm => norm::infer(self, &name, inputs)?,
+            OpFamily::Attention => attention::infer(self, &name, inputs)?,
+            OpFamily::Loss => loss::infer(self, &name, inputs)?,
+            OpFamily::Optim => optim::infer(self, &name, inputs)?,
+            OpFamily::Conv => conv::infer(self, &name, inputs, out_shape)?,
         };
         if let (Some(want), Some(first)) = (out_shape, out.first()) {
             if first.shape != want {

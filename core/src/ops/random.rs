@@ -13,14 +13,16 @@
 //!   bound only their absolute error there, which would dominate small results.
 
 use super::{Op, TensorSpec};
-use crate::{DType, Error, Result};
+use crate::{Error, Result};
 
-pub(super) fn infer(
-    op: &Op,
-    name: &str,
-    dtype: DType,
-    out_shape: Option<&[usize]>,
-) -> Result<Vec<TensorSpec>> {
+pub(super) fn infer(op: &Op, name: &str, out_shape: Option<&[usize]>) -> Result<Vec<TensorSpec>> {
+    let (Op::Fill { dtype }
+    | Op::Arange { dtype }
+    | Op::RandUniform { dtype }
+    | Op::RandNormal { dtype }) = *op
+    else {
+        return Err(Error::invalid(name, "not a creation op"));
+    };
     let shape = out_shape.ok_or_else(|| Error::invalid(name, "the output shape must be given"))?;
     match op {
         Op::Arange { .. } if shape.len() != 1 => {

@@ -219,29 +219,31 @@ impl Target {
     }
 }
 
-/// The (sample, check) jobs grouped by op family (an op with its backward ops, whose kernels
-/// its backward check launches), the families with the most jobs first, each family's forward
-/// checks before its backward checks and gradchecks. A worker runs a whole family, so workers
-/// compile different kernels at any moment: a driver that compiles each kernel when it first
-/// runs (lavapipe, with LLVM: seconds for a large kernel) compiles it once, and the family's
-/// later samples on the same worker find it compiled.
-pub fn job_families(samples: &[Sample], checks: &[Check]) -> Vec<Vec<(usize, Check)>> {
-    let family = |s: &Sample| {
+/// The (sample, check) jobs in groups of an op with its backward ops (whose kernels its
+/// backward check launches), the groups with the most jobs first, each group's forward checks
+/// before its backward checks and gradchecks. A worker runs a whole group, so workers seldom
+/// need the same kernel at once (groups share few: a matmul's backward sums its bias gradient
+/// with a reduction): a driver that compiles each kernel when it first runs (lavapipe, with
+/// LLVM: seconds for a large kernel) compiles it once instead of once per worker, and the
+/// group's later samples on the same worker find it compiled. Taking single jobs instead, two
+/// workers ran neighbouring samples of one op and compiled its kernels twice at the same time.
+pub fn job_groups(samples: &[Sample], checks: &[Check]) -> Vec<Vec<(usize, Check)>> {
+    let group = |s: &Sample| {
         let name = s.op.name();
         match name.find("_backward") {
             Some(end) => name[..end].to_string(),
             None => name,
         }
     };
-    let mut families: BTreeMap<String, Vec<(usize, Check)>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<(usize, Check)>> = BTreeMap::new();
     for &check in checks {
         for (i, sample) in samples.iter().enumerate() {
-            families.entry(family(sample)).or_default().push((i, check));
+            groups.entry(group(sample)).or_default().push((i, check));
         }
     }
-    let mut families: Vec<Vec<(usize, Check)>> = families.into_values().collect();
-    families.sort_by_key(|jobs| std::cmp::Reverse(jobs.len()));
-    families
+    let mut groups: Vec<Vec<(usize, Check)>> = groups.into_values().collect();
+    groups.sort_by_key(|jobs| std::cmp::Reverse(jobs.len()));
+    groups
 }
 
 /// The most instances of one device a suite opens: enough for the cores of a CI machine,
@@ -282,17 +284,17 @@ impl Suite {
     }
 
     /// Runs the given checks over `samples`, spread over the machine's cores: each worker
-    /// takes the next family of jobs of [`job_families`] and runs all of it.
+    /// takes the next group of jobs of [`job_groups`] and runs all of it.
     pub fn run(&self, samples: &[Sample], checks: &[Check]) -> Report {
-        let families = job_families(samples, checks);
+        let groups = job_groups(samples, checks);
         let next = AtomicUsize::new(0);
         let results = Mutex::new(Vec::new());
         let ledger = Ledger::default();
         std::thread::scope(|scope| {
             for worker in 0..workers() {
-                let (next, results, ledger, families) = (&next, &results, &ledger, &families);
+                let (next, results, ledger, groups) = (&next, &results, &ledger, &groups);
                 scope.spawn(move || {
-                    while let Some(jobs) = families.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    while let Some(jobs) = groups.get(next.fetch_add(1, Ordering::Relaxed)) {
                         for &(i, check) in jobs {
                             let outcomes = match check {
                                 Check::Forward => self.forward(&samples[i], worker, ledger),
@@ -982,7 +984,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_family_is_an_op_with_its_backward_ops_largest_first() {
+    fn a_group_is_an_op_with_its_backward_ops_largest_first() {
         let sample = |op: Op| Sample::new(op, "", Vec::new());
         let samples = [
             sample(Op::Softmax),
@@ -991,7 +993,7 @@ mod tests {
             sample(Op::LayerNormBackward),
             sample(Op::Softmax),
         ];
-        let families = job_families(&samples, &[Check::Forward, Check::Backward]);
+        let groups = job_groups(&samples, &[Check::Forward, Check::Backward]);
         let softmax = vec![
             (0, Check::Forward),
             (2, Check::Forward),
@@ -1006,7 +1008,7 @@ mod tests {
             (1, Check::Backward),
             (3, Check::Backward),
         ];
-        assert_eq!(families, vec![softmax, layer_norm]);
+        assert_eq!(groups, vec![softmax, layer_norm]);
     }
 
     #[test]

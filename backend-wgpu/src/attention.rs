@@ -195,7 +195,8 @@ struct Head {
 /// that large takes minutes to compile on CPU drivers (LLVM, in lavapipe).
 const MAX_UNROLLED: usize = 128;
 
-/// The fewest vec4s a looped kernel's row arrays hold: head sizes up to 256 share a kernel.
+/// The fewest vec4s a looped kernel's row arrays hold: head sizes up to 64 share a kernel, and
+/// larger ones one per power of two of their vec4s (up to 128, up to 256, ...).
 const LOOPED_CAP: usize = 16;
 
 /// Which head row a loop runs over: a query's or key's (`kvec()` chunks) or a value's.

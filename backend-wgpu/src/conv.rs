@@ -15,7 +15,7 @@
 use tessera_core::{Conv2dParams, DType, Layout, Op, Result, TensorRef};
 
 use crate::device::Core;
-use crate::matmul;
+use crate::matmul::{self, PLAIN};
 use crate::shader::{groups_for, key, no_subst, run, unsupported};
 use crate::windows::{self, f32_view};
 
@@ -38,12 +38,6 @@ fn strided(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
         offset,
     }
 }
-
-const PLAIN: Op = Op::Matmul {
-    bias: false,
-    activation: None,
-    residual: false,
-};
 
 const ACCUMULATE: Op = Op::Matmul {
     bias: false,

@@ -178,6 +178,13 @@ impl Epilogue {
     }
 }
 
+/// A matmul without epilogue: what partial products over parts of K compute.
+pub(crate) const PLAIN: Op = Op::Matmul {
+    bias: false,
+    activation: None,
+    residual: false,
+};
+
 /// The pipeline key of a matmul kernel: which activation an op applies is a parameter, so the
 /// key names only whether it applies one.
 fn kernel_key(
@@ -355,7 +362,7 @@ fn launch_split(
     };
     run_grid(
         core,
-        &kernel_key(op, &inputs[..2], &[sums], &variant),
+        &key(&PLAIN, &inputs[..2], &[sums], &variant),
         SRC,
         "matmul",
         || Ok(split_subst),
@@ -601,11 +608,6 @@ fn split_k_windows(
     };
     let splits = k.div_ceil(kc);
     let partials = core.scratch(4 * splits * m * n)?;
-    let plain = Op::Matmul {
-        bias: false,
-        activation: None,
-        residual: false,
-    };
     for s in 0..splits {
         let (la, lb) = parts(s * kc);
         let narrowed = [la, lb];
@@ -617,7 +619,7 @@ fn split_k_windows(
             dtype: DType::F32,
         };
         let ab = windows::with_layouts(&inputs[..2], &narrowed);
-        launch_windows(core, &plain, &ab, std::slice::from_ref(&sums))?;
+        launch_windows(core, &PLAIN, &ab, std::slice::from_ref(&sums))?;
     }
     let all_sums = Layout::contiguous(&[splits * m * n]);
     let sums = TensorRef {

@@ -28,7 +28,7 @@ const MAX_BINDING: u64 = 64 << 10;
 /// heads of 600 positions): only their `samples::windows` run here. Every other op runs its
 /// family samples too (every op runs over windows: `backend-wgpu/src/windows.rs`).
 fn has_parts_past_the_cap(op: &Op) -> bool {
-    matches!(op.family(), OpFamily::Loss)
+    op.family() == OpFamily::Loss
         || matches!(op, Op::Attention { .. } | Op::AttentionBackward { .. })
 }
 

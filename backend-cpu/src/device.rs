@@ -1,15 +1,15 @@
 //! The CPU device: its pool, its kernel cache, host copies, and kernel dispatch by op family.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tessera_core::exec::KernelCache;
 use tessera_core::memory::Pool;
-use tessera_core::ops::validate_kernel_launch;
+use tessera_core::ops::{check_dtypes, validate_kernel_launch};
 use tessera_core::{
-    dtypes_str, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats,
-    Op, OpFamily, Result, TensorRef,
+    Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, Limits, MemoryStats, Op, OpFamily,
+    Result, TensorRef,
 };
 
 use crate::buffer::{bytes, bytes_mut, cpu_buffer, CpuBuffer, SharedPool};
@@ -20,15 +20,12 @@ pub(crate) fn device_name() -> String {
     format!("CPU ({} threads)", rayon::current_num_threads())
 }
 
-/// Kernels are cached per op descriptor and input dtypes.
-type KernelKey = (Op, Vec<DType>);
-
 /// The host CPU as a device. Work runs synchronously on the calling thread and rayon's pool,
 /// so every cached block is ready for reuse as soon as its buffer is dropped.
 pub struct CpuDevice {
     info: DeviceInfo,
     pool: SharedPool,
-    kernels: Mutex<HashMap<KernelKey, Arc<dyn Kernel>>>,
+    kernels: KernelCache,
     syncs: AtomicU64,
 }
 
@@ -64,6 +61,7 @@ impl CpuDevice {
             limits: Limits {
                 max_buffer_bytes: isize::MAX as usize,
                 max_binding_bytes: isize::MAX as usize,
+                binding_align: 1,
                 max_workgroup_size: usize::MAX,
                 max_workgroups_per_dim: usize::MAX,
             },
@@ -71,7 +69,7 @@ impl CpuDevice {
         CpuDevice {
             info,
             pool: Arc::new(Mutex::new(Pool::default())),
-            kernels: Mutex::new(HashMap::new()),
+            kernels: KernelCache::default(),
             syncs: AtomicU64::new(0),
         }
     }
@@ -153,18 +151,13 @@ impl Device for CpuDevice {
     }
 
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
-        let key = (op.clone(), input_dtypes.to_vec());
-        let mut cache = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(k) = cache.get(&key) {
-            return Ok(k.clone());
-        }
-        check_supported(op, input_dtypes)?;
-        let kernel: Arc<dyn Kernel> = Arc::new(CpuKernel {
-            op: op.clone(),
-            dtypes: input_dtypes.to_vec(),
-        });
-        cache.insert(key, kernel.clone());
-        Ok(kernel)
+        self.kernels.get_or_build(op, input_dtypes, || {
+            check_dtypes("cpu", op, input_dtypes, &self.info.dtypes)?;
+            Ok(Arc::new(CpuKernel {
+                op: op.clone(),
+                dtypes: input_dtypes.to_vec(),
+            }))
+        })
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -190,44 +183,6 @@ impl Device for CpuDevice {
 
     fn host_syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
-    }
-}
-
-/// Rejects dtype combinations no kernel could give a meaning to (math on bool or integers,
-/// non-index ids). Everything else the catalog allows runs; shapes and the remaining dtype
-/// rules are checked by `validate_kernel_launch` at launch.
-fn check_supported(op: &Op, dtypes: &[DType]) -> Result<()> {
-    let float = |i: usize| dtypes.get(i).is_none_or(|d| d.is_float());
-    let index = |i: usize| dtypes.get(i).is_none_or(|d| d.is_index());
-    let not_bool = |i: usize| dtypes.get(i).is_none_or(|&d| d != DType::Bool);
-    let ok = match op {
-        Op::RandUniform { dtype } | Op::RandNormal { dtype } => dtype.is_float(),
-        Op::Fill { .. } | Op::Arange { .. } | Op::Cast { .. } | Op::Copy | Op::Concat { .. } => {
-            true
-        }
-        Op::Compare(_) => not_bool(0),
-        Op::Where => dtypes.first().is_none_or(|&d| d == DType::Bool),
-        Op::Embedding | Op::Gather { .. } => index(1),
-        Op::EmbeddingBackward => index(0) && not_bool(1),
-        Op::ScatterAdd { .. } => index(0) && not_bool(1),
-        Op::CrossEntropy | Op::CrossEntropyBackward => float(0) && index(1),
-        _ => (0..dtypes.len()).all(|i| {
-            let stats_or_scale = matches!(
-                (op, i),
-                (Op::LayerNormBackward, 2 | 3)
-                    | (Op::RmsNormBackward, 2)
-                    | (Op::AttentionBackward { .. }, 4)
-            ) || (op.updates_in_place() && i + 1 == dtypes.len());
-            stats_or_scale || float(i)
-        }),
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::unsupported(
-            "cpu",
-            format!("{} for {}", op.name(), dtypes_str(dtypes)),
-        ))
     }
 }
 

@@ -42,6 +42,8 @@ pub struct Limits {
     pub max_buffer_bytes: usize,
     /// Largest range one kernel binding can address, in bytes.
     pub max_binding_bytes: usize,
+    /// Alignment in bytes of where a binding may start inside a buffer.
+    pub binding_align: usize,
     pub max_workgroup_size: usize,
     pub max_workgroups_per_dim: usize,
 }
@@ -91,6 +93,35 @@ pub struct TensorRef<'a> {
     pub buffer: &'a Arc<dyn Buffer>,
     pub layout: &'a Layout,
     pub dtype: DType,
+}
+
+impl<'a> TensorRef<'a> {
+    /// The same buffer and dtype seen through another layout (a part of an op, say).
+    pub fn with_layout(&self, layout: &'a Layout) -> TensorRef<'a> {
+        TensorRef {
+            buffer: self.buffer,
+            layout,
+            dtype: self.dtype,
+        }
+    }
+
+    /// `tensors` each seen through the matching one of `layouts`.
+    pub fn with_layouts(tensors: &[TensorRef<'a>], layouts: &'a [Layout]) -> Vec<TensorRef<'a>> {
+        tensors
+            .iter()
+            .zip(layouts)
+            .map(|(t, layout)| t.with_layout(layout))
+            .collect()
+    }
+
+    /// An f32 tensor of `buffer` (scratch for partial results, say) with `layout`.
+    pub fn f32(buffer: &'a Arc<dyn Buffer>, layout: &'a Layout) -> TensorRef<'a> {
+        TensorRef {
+            buffer,
+            layout,
+            dtype: DType::F32,
+        }
+    }
 }
 
 /// One op descriptor compiled for one device.

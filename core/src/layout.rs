@@ -207,6 +207,24 @@ impl Layout {
         })
     }
 
+    /// A row-major layout as one dimension of its elements (same offset).
+    pub fn flat(&self) -> Layout {
+        Layout {
+            shape: vec![self.numel()],
+            strides: vec![1],
+            offset: self.offset,
+        }
+    }
+
+    /// The dimension along which this layout reaches furthest (the outermost of equals): the
+    /// one whose halves shrink the span of memory it covers most. `None` for a single element.
+    pub fn furthest_dim(&self) -> Option<usize> {
+        let reach = |d: usize| self.strides[d] * self.shape[d].saturating_sub(1);
+        (0..self.rank())
+            .filter(|&d| reach(d) > 0)
+            .max_by_key(|&d| (reach(d), std::cmp::Reverse(d)))
+    }
+
     /// The same elements with a new shape, if expressible without copying: always for
     /// contiguous layouts; otherwise `None` and the caller copies first.
     pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
@@ -214,5 +232,68 @@ impl Layout {
             return None;
         }
         Some(Layout::contiguous(shape).with_offset(self.offset))
+    }
+}
+
+/// `shape` and each operand's `strides` with size-1 dimensions dropped and neighbouring
+/// dimensions merged wherever every operand steps through them as through one (contiguous
+/// operands end up with a single dimension): what an elementwise kernel needs to walk all
+/// operands together with the fewest divisions.
+pub fn merge_dims(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut dims: Vec<(usize, Vec<usize>)> = Vec::with_capacity(shape.len());
+    for (d, &size) in shape.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let inner: Vec<usize> = strides.iter().map(|s| s[d]).collect();
+        if let Some((outer_size, outer)) = dims.last_mut() {
+            if outer.iter().zip(&inner).all(|(&o, &i)| o == i * size) {
+                *outer_size *= size;
+                *outer = inner;
+                continue;
+            }
+        }
+        dims.push((size, inner));
+    }
+    let shape = dims.iter().map(|(size, _)| *size).collect();
+    let strides = (0..strides.len())
+        .map(|t| dims.iter().map(|(_, st)| st[t]).collect())
+        .collect();
+    (shape, strides)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_dims;
+
+    #[test]
+    fn contiguous_operands_merge_into_one_dimension() {
+        let c = [12, 4, 1];
+        assert_eq!(
+            merge_dims(&[2, 3, 4], &[&c, &c]),
+            (vec![24], vec![vec![1], vec![1]])
+        );
+    }
+
+    #[test]
+    fn a_narrowed_operand_keeps_the_dimension_it_skips_through() {
+        // [2, 3, 4] read from rows of 8: the two outer dimensions merge, the last stays.
+        let input = [24, 8, 1];
+        let out = [12, 4, 1];
+        assert_eq!(
+            merge_dims(&[2, 3, 4], &[&input, &out]),
+            (vec![6, 4], vec![vec![8, 1], vec![4, 1]])
+        );
+    }
+
+    #[test]
+    fn size_one_and_broadcast_dimensions() {
+        let out = [4, 1, 1];
+        let row = [0, 1, 0];
+        assert_eq!(
+            merge_dims(&[3, 4, 1], &[&row, &out]),
+            (vec![3, 4], vec![vec![0, 1], vec![4, 1]])
+        );
+        assert_eq!(merge_dims(&[1, 1], &[&[1, 1]]), (vec![], vec![vec![]]));
     }
 }

@@ -26,6 +26,7 @@
 
 mod attention;
 mod conv;
+mod dtypes;
 mod elementwise;
 mod loss;
 mod matmul;
@@ -36,6 +37,7 @@ mod random;
 mod reduce;
 
 pub use conv::Conv2dParams;
+pub use dtypes::{catalog_allows, check_dtypes, unsupported_dtypes};
 
 /// The op families: each backend runs an op by its family's kernels, kept in a file named
 /// after the family (`norm.rs`, `kernels/norm.wgsl`), so one op is found in the same place in

@@ -2,10 +2,10 @@
 
 use tessera_core::{DType, Element, Error, Op, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, native, no_subst, run, unsupported};
+use crate::gpu::Gpu;
+use crate::source::{groups_for, key, native, no_subst, run, unsupported};
 
-const SRC: &str = include_str!("kernels/random.wgsl");
+const SRC: &str = include_str!("../kernels/random.wgsl");
 
 /// `value` converted to `dtype` as `Cast` converts, as the bits of its native WGSL type.
 fn native_bits(value: f64, dtype: DType) -> u32 {
@@ -37,7 +37,7 @@ fn split(v: f64) -> (f64, f64) {
 /// Runs `op` into `outputs[0]`, whose first element is element `first` of the whole output
 /// (windows of a tensor larger than one binding give the values a single launch would).
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     outputs: &[TensorRef<'_>],
     s: &[f64],
@@ -57,7 +57,7 @@ pub(crate) fn launch(
             };
             let subst = [("FILL_VALUE", value)];
             run(
-                core,
+                gpu,
                 &k("fill"),
                 SRC,
                 "fill",
@@ -92,7 +92,7 @@ pub(crate) fn launch(
                 }
             };
             run(
-                core,
+                gpu,
                 &k("arange"),
                 SRC,
                 "arange_float",
@@ -112,7 +112,7 @@ pub(crate) fn launch(
                 "uniform"
             };
             run(
-                core,
+                gpu,
                 &k(section),
                 SRC,
                 section,
@@ -133,6 +133,6 @@ pub(crate) fn launch(
                 },
             )
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }

@@ -11,11 +11,12 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef, UnaryOp};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, run, run_grid, unsupported, Params};
-use crate::{elementwise, windows};
+use crate::elementwise;
+use crate::gpu::{Gpu, Planner};
+use crate::source::{groups_for, key, run, run_grid, unsupported, Params};
+use tessera_core::exec::split;
 
-const SRC: &str = include_str!("kernels/matmul.wgsl");
+const SRC: &str = include_str!("../kernels/matmul.wgsl");
 
 /// Matmuls with at most this many rows run a few-rows kernel instead of the 128 x 128 tiles:
 /// `rows` where `b` is contiguous in k (a `linear` weight: decoding's matrix-vector products),
@@ -133,14 +134,15 @@ struct Epilogue {
 }
 
 impl Epilogue {
-    fn of(op: &Op) -> Result<Epilogue> {
+    /// The epilogue of a matmul op; `None` for an activation the kernels lack.
+    fn of(op: &Op) -> Option<Epilogue> {
         let Op::Matmul {
             bias,
             activation,
             residual,
         } = op
         else {
-            return Err(unsupported(op));
+            return None;
         };
         let mut code = String::new();
         let mut next = 3;
@@ -160,7 +162,7 @@ impl Epilogue {
             Some(UnaryOp::Relu) => 1,
             Some(UnaryOp::Gelu) => 2,
             Some(UnaryOp::Silu) => 3,
-            Some(_) => return Err(unsupported(op)),
+            Some(_) => return None,
         };
         if activation > 0 {
             code += "v = activate(v);\n";
@@ -168,7 +170,7 @@ impl Epilogue {
         if let Some(i) = res_at {
             code += &format!("v += ld{i}(r_base + gm * p[14] + gn * p[15]);\n");
         }
-        Ok(Epilogue {
+        Some(Epilogue {
             code,
             store: format!("st{next}"),
             bias_at,
@@ -221,7 +223,7 @@ fn kernel_key(
 }
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -240,7 +242,7 @@ pub(crate) fn launch(
         bias_at,
         res_at,
         activation,
-    } = Epilogue::of(op)?;
+    } = Epilogue::of(op).ok_or_else(|| unsupported(gpu, op))?;
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
     let (a_at, b_at) = (along(sa[r - 1] <= sa[r - 2]), along(sb[r - 2] <= sb[r - 1]));
@@ -251,11 +253,11 @@ pub(crate) fn launch(
         ("B_AT", b_at.to_string()),
     ];
     let few_rows = m <= MAX_FEW_ROWS;
-    let tensor_cores = core.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
+    let tensor_cores = gpu.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
     let tile_grid = [
-        core.dim(n.div_ceil(128)),
-        core.dim(m.div_ceil(128)),
-        core.dim(batch),
+        gpu.dim(n.div_ceil(128)),
+        gpu.dim(m.div_ceil(128)),
+        gpu.dim(batch),
     ];
     let mut problem = Problem {
         inputs,
@@ -275,7 +277,7 @@ pub(crate) fn launch(
         columns_lanes(n, k)
     };
     let (section, variant, grid) = if few_rows {
-        let grid = [core.dim(n.div_ceil(256 / lanes)), 1, core.dim(batch)];
+        let grid = [gpu.dim(n.div_ceil(256 / lanes)), 1, gpu.dim(batch)];
         let section = if b_at == "along_k" { "rows" } else { "columns" };
         (section, format!("{section}{m}x{lanes}"), grid)
     } else if tensor_cores {
@@ -286,16 +288,16 @@ pub(crate) fn launch(
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
         let (splits, k_per_split) = split_k(tile_count, k);
         let partial_bytes = 4 * batch * splits * m * n;
-        if splits > 1 && partial_bytes as u64 <= core.max_binding() {
+        if splits > 1 && partial_bytes as u64 <= gpu.max_binding() {
             problem.splits = splits;
             problem.k_per_split = k_per_split;
-            return launch_split(core, op, outputs, subst, &problem, tile_grid, partial_bytes);
+            return launch_split(gpu, op, outputs, subst, &problem, tile_grid, partial_bytes);
         }
         ("matmul", format!("tiled128/{a_at}/{b_at}"), tile_grid)
     };
     let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
     run_grid(
-        core,
+        gpu,
         &kernel_key(op, inputs, outputs, &variant),
         SRC,
         section,
@@ -334,7 +336,7 @@ fn split_k(tiles: usize, k: usize) -> (usize, usize) {
 /// The tiled kernel over K in `problem.splits` parts into f32 partial sums, then
 /// `sum_splits` adding them in order and applying the epilogue.
 fn launch_split(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     outputs: &[TensorRef<'_>],
     subst: Vec<(&'static str, String)>,
@@ -343,7 +345,7 @@ fn launch_split(
     partial_bytes: usize,
 ) -> Result<()> {
     let inputs = problem.inputs;
-    let partials = core.scratch(partial_bytes)?;
+    let partials = gpu.scratch(partial_bytes)?;
     let layout = Layout::contiguous(&[partial_bytes / 4]);
     let sums = TensorRef {
         buffer: &partials,
@@ -361,7 +363,7 @@ fn launch_split(
         ..*problem
     };
     run_grid(
-        core,
+        gpu,
         &key(&PLAIN, &inputs[..2], &[sums], &variant),
         SRC,
         "matmul",
@@ -371,18 +373,18 @@ fn launch_split(
         [
             tile_grid[0],
             tile_grid[1],
-            core.dim(problem.batch * problem.splits),
+            gpu.dim(problem.batch * problem.splits),
         ],
         |o, p| parts.params(o, p),
     )?;
-    sum_splits(core, op, &subst[..2], problem, sums, outputs)
+    sum_splits(gpu, op, &subst[..2], problem, sums, outputs)
 }
 
 /// The `sum_splits` kernel: adds each output's `problem.splits` partial sums from `sums`
 /// (f32, laid out `[batch, splits, M, N]`) in order and finishes them with the epilogue in
 /// `finish` (its `EPILOGUE` and `STORE`).
 fn sum_splits(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     finish: &[(&'static str, String)],
     problem: &Problem<'_>,
@@ -399,9 +401,9 @@ fn sum_splits(
     };
     let mut bound = inputs.to_vec();
     bound[0] = sums;
-    bound[1] = windows::with_layout(b, &corner);
+    bound[1] = b.with_layout(&corner);
     run(
-        core,
+        gpu,
         &kernel_key(op, &bound, outputs, "sum_splits"),
         SRC,
         "sum_splits",
@@ -466,20 +468,20 @@ impl Role {
 /// whose output is no longer row-major (columns of a wider output) is computed into scratch
 /// and copied into place.
 pub(crate) fn launch_windows(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
     let all: Vec<TensorRef<'_>> = inputs.iter().chain(outputs).cloned().collect();
-    if core.fits(&all) {
-        return launch_part(core, op, inputs, outputs);
+    if gpu.fits(&all) {
+        return launch_part(gpu, op, inputs, outputs);
     }
-    let epilogue = Epilogue::of(op)?;
+    let epilogue = Epilogue::of(op).ok_or_else(|| unsupported(gpu, op))?;
     let out = &outputs[0].layout;
     let r = out.rank();
     let widest = (0..all.len())
-        .max_by_key(|&i| core.binding_bytes(&all[i]))
+        .max_by_key(|&i| gpu.binding_bytes(&all[i]))
         .unwrap_or(0);
     let role = Role::of(widest, &epilogue, all.len());
     let layout = all[widest].layout;
@@ -490,7 +492,7 @@ pub(crate) fn launch_windows(
     };
     let dims = (0..r - 2).map(Dim::Batch).chain([Dim::M, Dim::N, Dim::K]);
     let Some(dim) = dims.filter(|&d| reach(d) > 0).max_by_key(|&d| reach(d)) else {
-        return Err(windows::too_large(core, op, inputs, outputs));
+        return Err(split::too_large(&Planner(gpu), op, inputs, outputs));
     };
     let first_batch = out.shape[..r - 2].iter().position(|&b| b > 1);
     let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
@@ -500,17 +502,17 @@ pub(crate) fn launch_windows(
         // shrink).
         (Dim::K, Some(j)) => Dim::Batch(j),
         (Dim::K, None) => {
-            let kc = k_part(core, inputs);
+            let kc = k_part(gpu, inputs);
             let k = inputs[0].layout.shape[r - 1];
             let partial_bytes = 4 * k.div_ceil(kc) as u64 * (m * n) as u64;
-            let splits = kc < k && partial_bytes <= core.max_binding();
+            let splits = kc < k && partial_bytes <= gpu.max_binding();
             match (splits, m > 1, n > 1) {
                 (true, _, _) => {
-                    return split_k_windows(core, op, &epilogue, inputs, outputs, kc);
+                    return split_k_windows(gpu, op, &epilogue, inputs, outputs, kc);
                 }
                 (false, true, _) => Dim::M,
                 (false, false, true) => Dim::N,
-                _ => return Err(windows::too_large(core, op, inputs, outputs)),
+                _ => return Err(split::too_large(&Planner(gpu), op, inputs, outputs)),
             }
         }
         (other, _) => other,
@@ -532,9 +534,9 @@ pub(crate) fn launch_windows(
                 },
             )
             .collect();
-        let parts = windows::with_layouts(&all, &layouts);
+        let parts = TensorRef::with_layouts(&all, &layouts);
         let (i, o) = parts.split_at(inputs.len());
-        launch_windows(core, op, i, o)?;
+        launch_windows(gpu, op, i, o)?;
     }
     Ok(())
 }
@@ -542,39 +544,39 @@ pub(crate) fn launch_windows(
 /// One part that fits: launched directly, or into scratch and copied where its output is
 /// not row-major.
 fn launch_part(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
     let out = &outputs[0];
     if out.layout.is_contiguous() {
-        return launch(core, op, inputs, outputs);
+        return launch(gpu, op, inputs, outputs);
     }
     let bytes = (out.layout.numel() * out.dtype.size()).div_ceil(4) * 4;
-    let scratch = core.scratch(bytes)?;
+    let scratch = gpu.scratch(bytes)?;
     let layout = Layout::contiguous(&out.layout.shape);
     let dense = TensorRef {
         buffer: &scratch,
         layout: &layout,
         dtype: out.dtype,
     };
-    launch(core, op, inputs, std::slice::from_ref(&dense))?;
-    elementwise::launch(core, &Op::Copy, &[dense], outputs, &[])
+    launch(gpu, op, inputs, std::slice::from_ref(&dense))?;
+    elementwise::launch(gpu, &Op::Copy, &[dense], outputs, &[])
 }
 
 /// The K of each part when a matmul of batch 1 splits along K: halved until both operands
 /// fit, or until what is left to shrink lies along other dimensions (which the parts split
 /// themselves).
-fn k_part(core: &Core, inputs: &[TensorRef<'_>]) -> usize {
+fn k_part(gpu: &dyn Gpu, inputs: &[TensorRef<'_>]) -> usize {
     let (a, b) = (&inputs[0].layout, &inputs[1].layout);
     let r = a.rank();
     let k = a.shape[r - 1];
     let step_bytes = (a.strides[r - 1].max(b.strides[r - 2]) * inputs[0].dtype.size()) as u64;
     let mut kc = k;
-    while kc > 1 && step_bytes * (kc as u64 - 1) > core.max_binding() / 4 {
+    while kc > 1 && step_bytes * (kc as u64 - 1) > gpu.max_binding() / 4 {
         let parts = [a.narrow(r - 1, 0, kc), b.narrow(r - 2, 0, kc)];
-        if core.fits(&windows::with_layouts(&inputs[..2], &parts)) {
+        if gpu.fits(&TensorRef::with_layouts(&inputs[..2], &parts)) {
             break;
         }
         kc = kc.div_ceil(2);
@@ -585,7 +587,7 @@ fn k_part(core: &Core, inputs: &[TensorRef<'_>]) -> usize {
 /// A matmul of batch 1 in parts of `kc` along K, their f32 partial sums added in order by
 /// `sum_splits`, which applies the epilogue.
 fn split_k_windows(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     epilogue: &Epilogue,
     inputs: &[TensorRef<'_>],
@@ -607,7 +609,7 @@ fn split_k_windows(
         )
     };
     let splits = k.div_ceil(kc);
-    let partials = core.scratch(4 * splits * m * n)?;
+    let partials = gpu.scratch(4 * splits * m * n)?;
     for s in 0..splits {
         let (la, lb) = parts(s * kc);
         let narrowed = [la, lb];
@@ -618,8 +620,8 @@ fn split_k_windows(
             layout: &slot,
             dtype: DType::F32,
         };
-        let ab = windows::with_layouts(&inputs[..2], &narrowed);
-        launch_windows(core, &PLAIN, &ab, std::slice::from_ref(&sums))?;
+        let ab = TensorRef::with_layouts(&inputs[..2], &narrowed);
+        launch_windows(gpu, &PLAIN, &ab, std::slice::from_ref(&sums))?;
     }
     let all_sums = Layout::contiguous(&[splits * m * n]);
     let sums = TensorRef {
@@ -643,7 +645,7 @@ fn split_k_windows(
         splits,
         k_per_split: kc,
     };
-    sum_splits(core, op, &finish, &problem, sums, outputs)
+    sum_splits(gpu, op, &finish, &problem, sums, outputs)
 }
 
 /// One matmul launch's sizes and operands, which its parameters are made from.
@@ -696,7 +698,7 @@ impl Problem<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shader::{source, Build};
+    use crate::source::{source, Build};
 
     /// The tensor-core kernel runs only on adapters with cooperative matrices (not lavapipe),
     /// so its WGSL is at least checked everywhere: parsed and validated as the device would.

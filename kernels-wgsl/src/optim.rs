@@ -3,17 +3,17 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, no_subst, run, unsupported};
-use crate::windows;
+use crate::gpu::{Gpu, Planner};
+use crate::source::{groups_for, key, no_subst, run, unsupported};
+use tessera_core::exec::split;
 
-const SRC: &str = include_str!("kernels/optim.wgsl");
+const SRC: &str = include_str!("../kernels/optim.wgsl");
 
 /// Elements each workgroup of the squared norm sums.
 const CHUNK: usize = 4096;
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -32,7 +32,7 @@ pub(crate) fn launch(
             };
             let (lr, b1, b2, eps, wd, bc1, bc2) = (s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
             run(
-                core,
+                gpu,
                 &k("adam"),
                 SRC,
                 "adam",
@@ -77,7 +77,7 @@ pub(crate) fn launch(
                 ("MOMENTUM", mom),
             ];
             run(
-                core,
+                gpu,
                 &k("sgd"),
                 SRC,
                 "sgd",
@@ -104,7 +104,7 @@ pub(crate) fn launch(
                 .map(|t| t.layout.numel().div_ceil(CHUNK))
                 .collect();
             let total: usize = chunks.iter().sum();
-            let scratch = core.scratch(total * 4)?;
+            let scratch = gpu.scratch(total * 4)?;
             let layout = Layout::contiguous(&[total]);
             let partial = TensorRef {
                 buffer: &scratch,
@@ -116,20 +116,21 @@ pub(crate) fn launch(
             let mut first = 0;
             for t in inputs {
                 let n = t.layout.numel();
-                let part =
-                    (windows::flat_part(core, std::slice::from_ref(t)) / CHUNK).max(1) * CHUNK;
-                let whole = windows::flat(t.layout);
+                let part = (split::flat_part(&Planner(gpu), std::slice::from_ref(t)) / CHUNK)
+                    .max(1)
+                    * CHUNK;
+                let whole = t.layout.flat();
                 for start in (0..n).step_by(part) {
                     let len = part.min(n - start);
                     let range = whole.narrow(0, start, len);
-                    let ins = windows::with_layouts(
+                    let ins = TensorRef::with_layouts(
                         std::slice::from_ref(t),
                         std::slice::from_ref(&range),
                     );
                     let outs = std::slice::from_ref(&partial);
                     let c = len.div_ceil(CHUNK);
                     run(
-                        core,
+                        gpu,
                         &key(op, &ins, outs, "squares"),
                         SRC,
                         "squares",
@@ -154,7 +155,7 @@ pub(crate) fn launch(
             }
             let ins = std::slice::from_ref(&partial);
             run(
-                core,
+                gpu,
                 &key(op, ins, outputs, "sum_partials"),
                 SRC,
                 "sum_partials",
@@ -176,6 +177,6 @@ pub(crate) fn launch(
             )?;
             Ok(())
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }

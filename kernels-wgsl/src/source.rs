@@ -21,10 +21,10 @@
 
 use tessera_core::{DType, Error, Result, TensorRef};
 
-use crate::device::Core;
+use crate::gpu::{Dispatch, Gpu};
 
-const COMMON: &str = include_str!("kernels/common.wgsl");
-const GROUP_REDUCE: &str = include_str!("kernels/group_reduce.wgsl");
+const COMMON: &str = include_str!("../kernels/common.wgsl");
+const GROUP_REDUCE: &str = include_str!("../kernels/group_reduce.wgsl");
 
 /// What a device's kernels are built for, beyond the op and its dtypes.
 #[derive(Clone, Copy, Debug)]
@@ -256,7 +256,7 @@ pub(crate) fn no_subst() -> Result<Subst> {
 /// parameters made by `params` from the element offsets.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
-    core: &Core,
+    gpu: &dyn Gpu,
     key: &str,
     family: &str,
     section: &str,
@@ -269,17 +269,17 @@ pub(crate) fn run(
     let grid = if groups == 0 {
         [0, 0, 0]
     } else {
-        core.grid(groups)
+        gpu.grid(groups)
     };
     run_grid(
-        core, key, family, section, subst, inputs, outputs, grid, params,
+        gpu, key, family, section, subst, inputs, outputs, grid, params,
     )
 }
 
 /// As [`run`], with an explicit 3-D grid (a zero anywhere dispatches nothing).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_grid(
-    core: &Core,
+    gpu: &dyn Gpu,
     key: &str,
     family: &str,
     section: &str,
@@ -292,23 +292,31 @@ pub(crate) fn run_grid(
     let mut binds = Vec::with_capacity(inputs.len() + outputs.len());
     let mut offs = Vec::with_capacity(inputs.len() + outputs.len());
     for t in inputs.iter().chain(outputs) {
-        let (b, o) = core.view(t)?;
+        let (b, o) = gpu.view(t)?;
         binds.push(b);
         offs.push(o as usize);
     }
     let mut p = Params::default();
     params(&offs, &mut p);
-    let build = core.build(p.0.len());
-    let pipe = core.pipeline(key, binds.len(), build.immediate_words.is_some(), || {
+    let build = gpu.build(p.0.len());
+    let dispatch = Dispatch {
+        key,
+        bindings: &binds,
+        params: &p.0,
+        immediate: build.immediate_words.is_some(),
+        grid,
+    };
+    let mut subst = Some(subst);
+    gpu.dispatch(&dispatch, &mut || {
+        let subst = subst.take().map_or_else(no_subst, |make| make())?;
         Ok(source(
             family,
             section,
             &kinds(inputs, outputs),
-            &subst()?,
+            &subst,
             build,
         ))
-    })?;
-    core.dispatch(&pipe, &binds, &p.0, grid)
+    })
 }
 
 /// The cache key of a kernel: op, dtypes of its bindings and a variant name.
@@ -331,11 +339,11 @@ pub(crate) fn key(
 }
 
 /// An op this backend does not run (yet), as the catalog error.
-pub(crate) fn unsupported(op: &tessera_core::Op) -> Error {
-    Error::unsupported("wgpu", op.name())
+pub(crate) fn unsupported(gpu: &dyn Gpu, op: &tessera_core::Op) -> Error {
+    Error::unsupported(gpu.backend(), op.name())
 }
 
 /// Workgroups needed to cover `n` items with one thread each.
 pub(crate) fn groups_for(n: usize) -> u64 {
-    (n as u64).div_ceil(crate::device::WG)
+    (n as u64).div_ceil(crate::gpu::WG)
 }

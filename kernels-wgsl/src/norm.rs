@@ -3,13 +3,13 @@
 
 use tessera_core::{Op, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{key, no_subst, run, unsupported};
+use crate::gpu::Gpu;
+use crate::source::{key, no_subst, run, unsupported};
 
-const SRC: &str = include_str!("kernels/norm.wgsl");
+const SRC: &str = include_str!("../kernels/norm.wgsl");
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -19,13 +19,13 @@ pub(crate) fn launch(
     let n = *x.layout.shape.last().unwrap_or(&1);
     let rows = x.layout.numel() / n.max(1);
     let eps = s.first().copied().unwrap_or(0.0);
-    let params = |o: &[usize], p: &mut crate::shader::Params| {
+    let params = |o: &[usize], p: &mut crate::source::Params| {
         p.u(rows).u(n).f(eps).all(o);
     };
     let k = |variant: &str| key(op, inputs, outputs, variant);
     let go = |section: &str, groups: usize| {
         run(
-            core,
+            gpu,
             &k(section),
             SRC,
             section,
@@ -47,6 +47,6 @@ pub(crate) fn launch(
             go("rms_norm_dx", rows)?;
             go("rms_norm_dw", n)
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }

@@ -2,13 +2,13 @@
 
 use tessera_core::{Op, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, no_subst, run, unsupported};
+use crate::gpu::Gpu;
+use crate::source::{groups_for, key, no_subst, run, unsupported};
 
-const SRC: &str = include_str!("kernels/loss.wgsl");
+const SRC: &str = include_str!("../kernels/loss.wgsl");
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -17,10 +17,10 @@ pub(crate) fn launch(
     let (section, groups) = match op {
         Op::CrossEntropy => ("cross_entropy", rows as u64),
         Op::CrossEntropyBackward => ("cross_entropy_backward", groups_for(rows * vocab)),
-        _ => return Err(unsupported(op)),
+        _ => return Err(unsupported(gpu, op)),
     };
     run(
-        core,
+        gpu,
         &key(op, inputs, outputs, section),
         SRC,
         section,

@@ -1,12 +1,12 @@
 //! Elementwise ops: casts, copies, unary and binary math, comparisons, select, SwiGLU. One
 //! kernel shape for all: every operand read in place through its strides.
 
-use tessera_core::{BinaryOp, CompareOp, DType, Op, Result, TensorRef, UnaryOp};
+use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Op, Result, TensorRef, UnaryOp};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, run, unsupported};
+use crate::gpu::Gpu;
+use crate::source::{groups_for, key, run, unsupported};
 
-const SRC: &str = include_str!("kernels/elementwise.wgsl");
+const SRC: &str = include_str!("../kernels/elementwise.wgsl");
 
 /// `op(x)` in WGSL, with scalars `s0()`, `s1()`.
 fn unary(u: UnaryOp) -> &'static str {
@@ -107,7 +107,7 @@ fn sixteen_bit(dtype: DType) -> bool {
 }
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -115,18 +115,21 @@ pub(crate) fn launch(
 ) -> Result<()> {
     let tensors: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
     let strides: Vec<&[usize]> = tensors.iter().map(|t| &t.layout.strides[..]).collect();
-    let (shape, strides) = coalesce(&outputs[0].layout.shape, &strides);
+    let (shape, strides) = merge_dims(&outputs[0].layout.shape, &strides);
     let n = outputs[0].layout.numel();
     let rank = shape.len();
     run(
-        core,
+        gpu,
         &key(op, inputs, outputs, &format!("map{rank}")),
         SRC,
         "map",
         || {
             Ok(vec![
                 ("OFFSETS", offsets(rank, inputs.len() + outputs.len())),
-                ("BODY", map_body(op, inputs)?),
+                (
+                    "BODY",
+                    map_body(op, inputs).ok_or_else(|| unsupported(gpu, op))?,
+                ),
             ])
         },
         inputs,
@@ -146,11 +149,11 @@ pub(crate) fn launch(
 }
 
 /// The code one thread runs on its element (offsets `o0`, `o1`, ... of the operands).
-fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Result<String> {
+fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Option<String> {
     let ni = inputs.len();
     let o = |k: usize| format!("o{k}");
     let out = ni + 1;
-    Ok(match op {
+    Some(match op {
         // Casts from or to a 16-bit float pass through f32, which holds both exactly.
         Op::Cast { to } if sixteen_bit(inputs[0].dtype) || sixteen_bit(*to) => {
             format!("st{out}({}, ld1({}));", o(1), o(0))
@@ -183,34 +186,8 @@ fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Result<String> {
             o(3),
             o(4)
         ),
-        _ => return Err(unsupported(op)),
+        _ => return None,
     })
-}
-
-/// `shape` and each operand's `strides` with size-1 dimensions dropped and neighbouring
-/// dimensions merged wherever every operand steps through them as through one (contiguous
-/// operands end up with a single dimension), so that a thread divides by fewer sizes.
-fn coalesce(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
-    let mut dims: Vec<(usize, Vec<usize>)> = Vec::with_capacity(shape.len());
-    for (d, &size) in shape.iter().enumerate() {
-        if size == 1 {
-            continue;
-        }
-        let inner: Vec<usize> = strides.iter().map(|s| s[d]).collect();
-        if let Some((outer_size, outer)) = dims.last_mut() {
-            if outer.iter().zip(&inner).all(|(&o, &i)| o == i * size) {
-                *outer_size *= size;
-                *outer = inner;
-                continue;
-            }
-        }
-        dims.push((size, inner));
-    }
-    let shape = dims.iter().map(|(size, _)| *size).collect();
-    let strides = (0..strides.len())
-        .map(|t| dims.iter().map(|(_, st)| st[t]).collect())
-        .collect();
-    (shape, strides)
 }
 
 /// WGSL that sets `o0`, `o1`, ... to each of `tensors` operands' offset of element `i`, for
@@ -239,8 +216,8 @@ fn offsets(rank: usize, tensors: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{coalesce, offsets, SRC};
-    use crate::shader::{source, Build};
+    use super::{offsets, SRC};
+    use crate::source::{source, Build};
     use tessera_core::DType;
 
     /// The map kernel's WGSL for each rank parses and validates as the device would see it.
@@ -278,36 +255,5 @@ mod tests {
             .validate(&module)
             .unwrap_or_else(|e| panic!("rank {rank}: {}", e.emit_to_string(&src)));
         }
-    }
-
-    #[test]
-    fn contiguous_operands_merge_into_one_dimension() {
-        let c = [12, 4, 1];
-        assert_eq!(
-            coalesce(&[2, 3, 4], &[&c, &c]),
-            (vec![24], vec![vec![1], vec![1]])
-        );
-    }
-
-    #[test]
-    fn a_narrowed_operand_keeps_the_dimension_it_skips_through() {
-        // [2, 3, 4] read from rows of 8: the two outer dimensions merge, the last stays.
-        let input = [24, 8, 1];
-        let out = [12, 4, 1];
-        assert_eq!(
-            coalesce(&[2, 3, 4], &[&input, &out]),
-            (vec![6, 4], vec![vec![8, 1], vec![4, 1]])
-        );
-    }
-
-    #[test]
-    fn size_one_and_broadcast_dimensions() {
-        let out = [4, 1, 1];
-        let row = [0, 1, 0];
-        assert_eq!(
-            coalesce(&[3, 4, 1], &[&row, &out]),
-            (vec![3, 4], vec![vec![0, 1], vec![4, 1]])
-        );
-        assert_eq!(coalesce(&[1, 1], &[&[1, 1]]), (vec![], vec![vec![]]));
     }
 }

@@ -9,11 +9,11 @@
 
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, no_subst, run, unsupported};
+use crate::gpu::Gpu;
+use crate::source::{groups_for, key, no_subst, run, unsupported};
 
-const SRC: &str = include_str!("kernels/attention.wgsl");
-const ROTARY: &str = include_str!("kernels/rotary.wgsl");
+const SRC: &str = include_str!("../kernels/attention.wgsl");
+const ROTARY: &str = include_str!("../kernels/rotary.wgsl");
 
 /// Query (or key) rows per workgroup: one thread each.
 const ROWS: usize = 128;
@@ -26,7 +26,7 @@ const MAX_TILE: usize = 32;
 const FEW_ROWS: usize = 64;
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -38,7 +38,7 @@ pub(crate) fn launch(
             let r = x.len();
             let n = inputs[0].layout.numel();
             run(
-                core,
+                gpu,
                 &key(op, inputs, outputs, "rotary"),
                 ROTARY,
                 "rotary",
@@ -68,7 +68,7 @@ pub(crate) fn launch(
                 usize::from(*causal),
             ];
             let backward = matches!(op, Op::AttentionBackward { .. });
-            let head = Head::new(core, op, q[3], v[3], backward)?;
+            let head = Head::new(gpu, op, q[3], v[3], backward)?;
             // Causal masking is a parameter (p[7]): both kinds share their kernels.
             let shared_op = if backward {
                 Op::AttentionBackward { causal: false }
@@ -78,7 +78,7 @@ pub(crate) fn launch(
             let (ks, vs) = (&inputs[1].layout.strides, &inputs[2].layout.strides);
             let rows = q[0] * q[1] * q[2];
             let (splits, chunk) = key_splits(rows, kk[2]);
-            let params = |o: &[usize], p: &mut crate::shader::Params| {
+            let params = |o: &[usize], p: &mut crate::source::Params| {
                 p.all(&dims).f(s[0]);
                 p.u(ks[1])
                     .u(ks[0])
@@ -92,7 +92,7 @@ pub(crate) fn launch(
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
                 run(
-                    core,
+                    gpu,
                     &key(&shared_op, inputs, outs, &head.variant(section)),
                     SRC,
                     section_of(section),
@@ -109,7 +109,7 @@ pub(crate) fn launch(
                 // head sizes up to 256 (a thread per output element).
                 if rows < FEW_ROWS && q[3] <= 256 && v[3] <= 256 {
                     let words = rows * splits * (v[3] + 2);
-                    let partials = core.scratch(4 * words)?;
+                    let partials = gpu.scratch(4 * words)?;
                     let layout = Layout::contiguous(&[words]);
                     let mut outs = outputs.to_vec();
                     outs.push(TensorRef {
@@ -125,7 +125,7 @@ pub(crate) fn launch(
                 }
                 return launch("forward", outputs, query_blocks);
             }
-            let scratch = core.scratch(rows * 4)?;
+            let scratch = gpu.scratch(rows * 4)?;
             let layout = Layout::contiguous(&[rows]);
             let delta = TensorRef {
                 buffer: &scratch,
@@ -146,7 +146,7 @@ pub(crate) fn launch(
             launch("dk", &outs, key_blocks)?;
             launch("dv", &outs, key_blocks)
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }
 
@@ -281,17 +281,17 @@ fn any_head(kernel: &str) -> bool {
 }
 
 impl Head {
-    fn new(core: &Core, op: &Op, kdim: usize, vdim: usize, backward: bool) -> Result<Head> {
+    fn new(gpu: &dyn Gpu, op: &Op, kdim: usize, vdim: usize, backward: bool) -> Result<Head> {
         let (kvec, vvec) = (kdim.div_ceil(4).max(1), vdim.div_ceil(4).max(1));
-        let looped = core.is_cpu() || kdim.max(vdim) > MAX_UNROLLED;
+        let looped = gpu.is_cpu() || kdim.max(vdim) > MAX_UNROLLED;
         let cap = kvec.max(vvec).next_power_of_two().max(LOOPED_CAP);
         let tile_words =
-            (core.workgroup_memory().saturating_sub(8 * MAX_TILE) / 32).min(MAX_TILE * cap);
+            (gpu.workgroup_memory().saturating_sub(8 * MAX_TILE) / 32).min(MAX_TILE * cap);
         let (fit, row_bytes) = if looped {
             (tile_words / kvec.max(vvec), kvec.max(vvec) * 32 + 8)
         } else {
             let row_bytes = (kvec + vvec) * 16 + if backward { 8 } else { 0 };
-            (core.workgroup_memory() / row_bytes, row_bytes)
+            (gpu.workgroup_memory() / row_bytes, row_bytes)
         };
         let tile = (fit.min(MAX_TILE) / 4) * 4;
         if tile == 0 {
@@ -302,7 +302,7 @@ impl Head {
                      workgroup memory; the adapter has {})",
                     op.name(),
                     row_bytes * 4,
-                    core.workgroup_memory()
+                    gpu.workgroup_memory()
                 ),
             ));
         }

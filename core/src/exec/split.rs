@@ -1,16 +1,18 @@
-//! Ops over tensors larger than one storage binding (128 MiB on lavapipe).
+//! Ops over tensors larger than one kernel binding, written once for every backend whose
+//! kernels bind windows of buffers (wgpu and Vulkan: 128 MiB on lavapipe, 2 or 4 GiB on most
+//! GPUs). Backends that address whole allocations (the CPU, HIP) never split.
 //!
 //! An op whose operands all fit runs as one launch. Otherwise it runs as several, each
 //! binding windows of its operands that fit. Every output element is computed by the same
 //! code from the same inputs, so results are those of one launch, except where a sum is
-//! split (matmul along K, embedding backward over ranges of positions, norm weight gradients
-//! over ranges of rows, reductions along a reduced dimension, 16-bit scatter-adds over parts
-//! of their sources): the parts' sums are added in a fixed order, deterministic but rounded
-//! differently. How each op splits:
+//! split (embedding backward over ranges of positions, norm weight gradients over ranges of
+//! rows, reductions along a reduced dimension, 16-bit scatter-adds over parts of their
+//! sources, and the kernels' own matmul splits along K): the parts' sums are added in a fixed
+//! order, deterministic but rounded differently. How each op splits:
 //! - elementwise ops halve the dimension along which their widest operand reaches furthest
 //!   until every operand of a part fits (a part is one launch);
 //! - creation, random and optimizer ops run over flat ranges of their row-major operands,
-//!   random values keeping their element's index in the whole tensor;
+//!   random values keeping their element's index in the whole tensor ([`Part::first`]);
 //! - row-wise ops (the softmax family and its backward, layer and RMS norm and their
 //!   backward, cross-entropy and its backward) run over ranges of whole rows;
 //! - reductions and argmax halve their input along kept dimensions, and along reduced ones
@@ -21,42 +23,127 @@
 //! - gather halves its index and output (and `x` off the axis), or `x` into windows of rows
 //!   along the axis; scatter-add zeroes its output, then adds parts of its sources into parts
 //!   of its targets (`gather_windows`, `scatter_add_windows`);
-//! - the squared norm, embedding and embedding backward (ranges of table rows and of
-//!   positions), concat (a copy per input), matmul and the convolutions (parts of images and
-//!   of their im2col columns) split their work themselves (`optim.rs`, `movement.rs`,
-//!   `matmul.rs`, `conv.rs`).
+//! - ops whose split depends on how the backend's kernels compute them (matmul, the
+//!   convolutions, embedding and its backward, concat, the squared norm) split themselves
+//!   ([`PartLauncher::splits_itself`]), through this same trait.
 //!
-//! A part that cannot shrink (one element, one row of a row-wise op or an embedding, one
-//! attention head or one image of a convolution wider than a binding) is `Unsupported`, naming
-//! the size it met.
+//! A part that cannot shrink (one element, one row of a row-wise op, one attention head wider
+//! than a binding) is `Unsupported`, naming the size it met.
 
 use std::sync::Arc;
 
-use tessera_core::{Buffer, DType, Error, Layout, Op, ReduceOp, Result, TensorRef, UnaryOp};
+use crate::{Buffer, DType, Error, Layout, Limits, Op, ReduceOp, Result, TensorRef, UnaryOp};
 
-use crate::device::{launch_family, Core};
-use crate::{matmul, movement, random, reduce};
+/// Where a part of a split op lies in the whole op: what its kernel adds to its own indices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Part {
+    /// The part's first element in the whole op, counted as the op indexes: flat elements
+    /// for creation and random ops (a random value depends on its index in the whole
+    /// tensor), positions along the axis for argmax's input (the indices it returns), for
+    /// gather's `x` (the rows its window holds) and for scatter-add's output (its targets).
+    pub first: usize,
+    /// Gather: rows of `x` along the axis in the whole op. An index past them is out of range
+    /// (its output is zero); one inside them but outside the window is another part's.
+    pub rows: Option<usize>,
+    /// Scatter-add: add onto the output's values (zeroed first) instead of overwriting them.
+    pub accumulate: bool,
+}
+
+impl Part {
+    /// The whole op: nothing to offset.
+    pub const WHOLE: Part = Part {
+        first: 0,
+        rows: None,
+        accumulate: false,
+    };
+
+    /// A part starting at `first`.
+    pub fn at(first: usize) -> Part {
+        Part {
+            first,
+            ..Part::WHOLE
+        }
+    }
+}
+
+/// What splitting needs from a device whose kernels bind windows of buffers: its binding
+/// limits, scratch memory, and a launch of one part whose operands all fit.
+pub trait PartLauncher {
+    /// The backend's name, for errors.
+    fn backend(&self) -> &str;
+    /// The device's limits: `max_binding_bytes` and `binding_align` decide the parts.
+    fn limits(&self) -> &Limits;
+    /// A scratch buffer of at least `bytes` (partial results), from the device's pool.
+    fn scratch(&self, bytes: usize) -> Result<Arc<dyn Buffer>>;
+    /// Whether the backend's launch of `op` binds windows of its large operands itself,
+    /// because how it splits depends on its kernels (a matmul's split along K, a
+    /// convolution's im2col columns).
+    fn splits_itself(&self, op: &Op) -> bool;
+    /// Launches `op` over operands that fit one binding each (or that the launch splits
+    /// itself), as `part` of the whole op.
+    fn launch_part(
+        &self,
+        op: &Op,
+        inputs: &[TensorRef<'_>],
+        outputs: &[TensorRef<'_>],
+        scalars: &[f64],
+        part: Part,
+    ) -> Result<()>;
+
+    /// [`PartLauncher::launch_part`] of a whole op.
+    fn launch_whole(
+        &self,
+        op: &Op,
+        inputs: &[TensorRef<'_>],
+        outputs: &[TensorRef<'_>],
+        scalars: &[f64],
+    ) -> Result<()> {
+        self.launch_part(op, inputs, outputs, scalars, Part::WHOLE)
+    }
+
+    /// The most bytes one binding may span.
+    fn max_binding(&self) -> u64 {
+        self.limits().max_binding_bytes as u64
+    }
+
+    /// Bytes a binding of `t` spans ([`binding_window`]).
+    fn binding_bytes(&self, t: &TensorRef<'_>) -> u64 {
+        binding_window(t.layout, t.dtype, self.limits().binding_align as u64).1
+    }
+
+    /// Whether every tensor of `tensors` fits one binding.
+    fn fits(&self, tensors: &[TensorRef<'_>]) -> bool {
+        tensors
+            .iter()
+            .all(|t| self.binding_bytes(t) <= self.max_binding())
+    }
+}
+
+/// The bytes of its buffer that a binding of a tensor with `layout` spans, as (start, length):
+/// from its first element, aligned down to `align`, to its last, rounded up to a 4-byte word
+/// (at least one word).
+pub fn binding_window(layout: &Layout, dtype: DType, align: u64) -> (u64, u64) {
+    let size = dtype.size() as u64;
+    let start = layout.offset as u64 * size;
+    let aligned = start - start % align.max(1);
+    let end = (layout.extent() as u64 * size).max(start + 4).div_ceil(4) * 4;
+    (aligned, (end - aligned).max(4))
+}
 
 /// Launches `op`, over windows where an operand is larger than one binding.
-pub(crate) fn launch(
-    core: &Core,
+pub fn launch(
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
     use Op::*;
-    let fits = core.fits(inputs) && core.fits(outputs);
+    let fits = dev.fits(inputs) && dev.fits(outputs);
+    if fits || dev.splits_itself(op) {
+        return dev.launch_whole(op, inputs, outputs, s);
+    }
     match op {
-        // These bind windows of their large operands themselves.
-        SquaredNorm
-        | Embedding
-        | EmbeddingBackward
-        | Concat { .. }
-        | Conv2d { .. }
-        | Conv2dBackwardData { .. }
-        | Conv2dBackwardWeight { .. } => launch_family(core, op, inputs, outputs, s),
-        _ if fits => launch_family(core, op, inputs, outputs, s),
         Cast { .. }
         | Copy
         | Unary(_)
@@ -65,35 +152,42 @@ pub(crate) fn launch(
         | Compare(_)
         | Where
         | SwiGlu
-        | SwiGluBackward => halve(core, op, inputs, outputs, s),
+        | SwiGluBackward => halve(dev, op, inputs, outputs, s),
         Fill { .. }
         | Arange { .. }
         | RandUniform { .. }
         | RandNormal { .. }
         | AdamUpdate { .. }
-        | SgdUpdate { .. } => flat_ranges(core, op, inputs, outputs, s),
-        Matmul { .. } => matmul::launch_windows(core, op, inputs, outputs),
+        | SgdUpdate { .. } => flat_ranges(dev, op, inputs, outputs, s),
         Softmax | LogSoftmax | SoftmaxBackward | LogSoftmaxBackward => {
-            row_ranges(core, op, inputs, outputs, s, inputs.len())
+            row_ranges(dev, op, inputs, outputs, s, inputs.len())
         }
-        LayerNorm | RmsNorm => row_ranges(core, op, inputs, outputs, s, 1),
-        LayerNormBackward | RmsNormBackward => norm_backward_ranges(core, op, inputs, outputs, s),
-        Reduce { .. } | ArgMax { .. } => reduce_windows(core, op, inputs[0], outputs[0], 0),
-        Rotary => rotary_windows(core, op, inputs, outputs, s),
+        LayerNorm | RmsNorm => row_ranges(dev, op, inputs, outputs, s, 1),
+        LayerNormBackward | RmsNormBackward => norm_backward_ranges(dev, op, inputs, outputs, s),
+        Reduce { .. } | ArgMax { .. } => reduce_windows(dev, op, inputs[0], outputs[0], 0),
+        Rotary => rotary_windows(dev, op, inputs, outputs, s),
         Attention { .. } | AttentionBackward { .. } => {
-            attention_windows(core, op, inputs, outputs, s)
+            attention_windows(dev, op, inputs, outputs, s)
         }
         CrossEntropy | CrossEntropyBackward => {
-            row_ranges(core, op, inputs, outputs, s, inputs.len())
+            row_ranges(dev, op, inputs, outputs, s, inputs.len())
         }
-        Gather { axis } => gather_windows(core, *axis, inputs, outputs),
-        ScatterAdd { axis } => scatter_add_windows(core, *axis, inputs, outputs),
+        Gather { axis } => gather_windows(dev, *axis, inputs, outputs),
+        ScatterAdd { axis } => scatter_add_windows(dev, *axis, inputs, outputs),
+        SquaredNorm
+        | Embedding
+        | EmbeddingBackward
+        | Concat { .. }
+        | Matmul { .. }
+        | Conv2d { .. }
+        | Conv2dBackwardData { .. }
+        | Conv2dBackwardWeight { .. } => Err(too_large(dev, op, inputs, outputs)),
     }
 }
 
 /// The error for an op whose operands cannot be bound in windows that fit.
-pub(crate) fn too_large(
-    core: &Core,
+pub fn too_large(
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -101,69 +195,39 @@ pub(crate) fn too_large(
     let largest = inputs
         .iter()
         .chain(outputs)
-        .map(|t| (core.binding_bytes(t), &t.layout.shape))
+        .map(|t| (dev.binding_bytes(t), &t.layout.shape))
         .max_by_key(|(bytes, _)| *bytes);
     let detail = match largest {
         Some((bytes, shape)) => format!(
-            "{} over a tensor of shape {shape:?} spanning {bytes} bytes (the adapter binds at \
+            "{} over a tensor of shape {shape:?} spanning {bytes} bytes (the device binds at \
              most {} bytes at once, and this op does not run over windows of it)",
             op.name(),
-            core.max_binding()
+            dev.max_binding()
         ),
         None => op.name(),
     };
-    Error::unsupported("wgpu", detail)
-}
-
-/// `t` with another layout.
-pub(crate) fn with_layout<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
-    TensorRef {
-        buffer: t.buffer,
-        layout,
-        dtype: t.dtype,
-    }
-}
-
-/// An f32 tensor of `buffer` (scratch) with `layout`.
-pub(crate) fn f32_view<'a>(buffer: &'a Arc<dyn Buffer>, layout: &'a Layout) -> TensorRef<'a> {
-    TensorRef {
-        buffer,
-        layout,
-        dtype: DType::F32,
-    }
-}
-
-/// `tensors` with each layout replaced by the matching one of `layouts`.
-pub(crate) fn with_layouts<'a>(
-    tensors: &[TensorRef<'a>],
-    layouts: &'a [Layout],
-) -> Vec<TensorRef<'a>> {
-    tensors
-        .iter()
-        .zip(layouts)
-        .map(|(t, layout)| with_layout(t, layout))
-        .collect()
+    Error::unsupported(dev.backend(), detail)
 }
 
 /// An elementwise op (every operand of the output's shape, outputs written through their
 /// strides too) in two halves of the dimension along which the operand with the widest binding
 /// reaches furthest, recursively, until each part fits.
 fn halve(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
-    if core.fits(inputs) && core.fits(outputs) {
-        return launch_family(core, op, inputs, outputs, s);
+    if dev.fits(inputs) && dev.fits(outputs) {
+        return dev.launch_whole(op, inputs, outputs, s);
     }
     let widest = inputs
         .iter()
         .chain(outputs)
-        .max_by_key(|t| core.binding_bytes(t));
-    let Some(dim) = widest.and_then(|t| furthest(t.layout)) else {
-        return Err(too_large(core, op, inputs, outputs));
+        .max_by_key(|t| dev.binding_bytes(t));
+    let Some(dim) = widest.and_then(|t| t.layout.furthest_dim()) else {
+        return Err(too_large(dev, op, inputs, outputs));
     };
     let narrow = |list: &[TensorRef<'_>], start, len| -> Vec<Layout> {
         list.iter()
@@ -171,28 +235,20 @@ fn halve(
             .collect()
     };
     let size = outputs[0].layout.shape[dim];
-    on_halves(core, op, inputs, outputs, s, size, halve, |start, len| {
+    on_halves(dev, op, inputs, outputs, s, size, halve, |start, len| {
         (narrow(inputs, start, len), narrow(outputs, start, len))
     })
 }
 
-/// The dimension along which `layout` reaches furthest (the outermost of equals), whose halves
-/// shrink a binding of it most; `None` for a single element.
-fn furthest(layout: &Layout) -> Option<usize> {
-    let reach = |d: usize| layout.strides[d] * layout.shape[d].saturating_sub(1);
-    (0..layout.rank())
-        .filter(|&d| reach(d) > 0)
-        .max_by_key(|&d| (reach(d), std::cmp::Reverse(d)))
-}
-
 /// The signature of the functions that split an op's launch into parts.
-type Windowed = fn(&Core, &Op, &[TensorRef<'_>], &[TensorRef<'_>], &[f64]) -> Result<()>;
+type Windowed =
+    fn(&dyn PartLauncher, &Op, &[TensorRef<'_>], &[TensorRef<'_>], &[f64]) -> Result<()>;
 
 /// Runs `part` (which splits further where needed) on each half of `0..size`, with the
 /// operands' layouts that `narrow` gives for a range of it.
 #[allow(clippy::too_many_arguments)]
 fn on_halves(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -204,10 +260,10 @@ fn on_halves(
     for (start, len) in halves(size) {
         let (li, lo) = narrow(start, len);
         part(
-            core,
+            dev,
             op,
-            &with_layouts(inputs, &li),
-            &with_layouts(outputs, &lo),
+            &TensorRef::with_layouts(inputs, &li),
+            &TensorRef::with_layouts(outputs, &lo),
             s,
         )?;
     }
@@ -217,34 +273,30 @@ fn on_halves(
 /// Rows per part when the row-major tensors of `split`, one row of `n` elements (or one
 /// statistic) per row, are bound over ranges of whole rows; `None` where one row does not fit
 /// or a tensor is not row-major.
-fn rows_per_part(core: &Core, n: usize, split: &[&TensorRef<'_>]) -> Option<usize> {
+fn rows_per_part(dev: &dyn PartLauncher, n: usize, split: &[&TensorRef<'_>]) -> Option<usize> {
     let widest = split.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
-    let part = core.max_binding().saturating_sub(core.align()) as usize / (n * widest);
+    let part = dev
+        .max_binding()
+        .saturating_sub(dev.limits().binding_align as u64) as usize
+        / (n * widest);
     (part > 0 && split.iter().all(|t| t.layout.is_contiguous())).then_some(part)
 }
 
 /// Elements per part of a flat range over `tensors` (row-major): as many as fit one binding
 /// for the widest dtype, a multiple of 1,024.
-pub(crate) fn flat_part(core: &Core, tensors: &[TensorRef<'_>]) -> usize {
+pub fn flat_part(dev: &dyn PartLauncher, tensors: &[TensorRef<'_>]) -> usize {
     let widest = tensors.iter().map(|t| t.dtype.size()).max().unwrap_or(4);
-    let bytes = core.max_binding().saturating_sub(core.align()) as usize;
+    let bytes = dev
+        .max_binding()
+        .saturating_sub(dev.limits().binding_align as u64) as usize;
     (bytes / widest / 1024).max(1) * 1024
-}
-
-/// A row-major layout as one dimension of its elements.
-pub(crate) fn flat(layout: &Layout) -> Layout {
-    Layout {
-        shape: vec![layout.numel()],
-        strides: vec![1],
-        offset: layout.offset,
-    }
 }
 
 /// Row-wise ops over ranges of whole rows that fit. Inputs before `row_inputs` and every
 /// output are row-major, one row (or one statistic) per row of the first input; later inputs
 /// (a norm's weight and bias) are bound whole. A row wider than a binding is `Unsupported`.
 fn row_ranges(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -254,8 +306,8 @@ fn row_ranges(
     let n = inputs[0].layout.shape.last().copied().unwrap_or(1).max(1);
     let rows = inputs[0].layout.numel() / n;
     let split: Vec<&TensorRef<'_>> = inputs[..row_inputs].iter().chain(outputs).collect();
-    let Some(part) = rows_per_part(core, n, &split) else {
-        return Err(too_large(core, op, inputs, outputs));
+    let Some(part) = rows_per_part(dev, n, &split) else {
+        return Err(too_large(dev, op, inputs, outputs));
     };
     for first in (0..rows).step_by(part) {
         let len = part.min(rows - first);
@@ -271,11 +323,10 @@ fn row_ranges(
             .iter()
             .map(|t| rows_of(t, rows, first, len))
             .collect();
-        launch_family(
-            core,
+        dev.launch_whole(
             op,
-            &with_layouts(inputs, &li),
-            &with_layouts(outputs, &lo),
+            &TensorRef::with_layouts(inputs, &li),
+            &TensorRef::with_layouts(outputs, &lo),
             s,
         )?;
     }
@@ -296,7 +347,7 @@ fn rows_of(t: &TensorRef<'_>, rows: usize, first: usize, len: usize) -> Layout {
 /// to an f32 row of partial sums, and a reduction adds those rows in range order
 /// (deterministic, rounded differently from one launch).
 fn norm_backward_ranges(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -313,12 +364,12 @@ fn norm_backward_ranges(
         .map(|(_, t)| t)
         .chain(&outputs[..1])
         .collect();
-    let Some(part) = rows_per_part(core, n, &split) else {
-        return Err(too_large(core, op, inputs, outputs));
+    let Some(part) = rows_per_part(dev, n, &split) else {
+        return Err(too_large(dev, op, inputs, outputs));
     };
     let parts = rows.div_ceil(part);
     let grads = &outputs[1..];
-    let sums = core.scratch(4 * parts * n * grads.len())?;
+    let sums = dev.scratch(4 * parts * n * grads.len())?;
     let partial = |g: usize, p: usize| Layout {
         shape: vec![n],
         strides: vec![1],
@@ -336,9 +387,9 @@ fn norm_backward_ranges(
             .collect();
         let dx = rows_of(&outputs[0], rows, first, len);
         let partials: Vec<Layout> = (0..grads.len()).map(|g| partial(g, p)).collect();
-        let mut outs = vec![with_layout(&outputs[0], &dx)];
-        outs.extend(partials.iter().map(|l| f32_view(&sums, l)));
-        launch_family(core, op, &with_layouts(inputs, &li), &outs, s)?;
+        let mut outs = vec![outputs[0].with_layout(&dx)];
+        outs.extend(partials.iter().map(|l| TensorRef::f32(&sums, l)));
+        dev.launch_whole(op, &TensorRef::with_layouts(inputs, &li), &outs, s)?;
     }
     let add_rows = Op::Reduce {
         op: ReduceOp::Sum,
@@ -351,10 +402,9 @@ fn norm_backward_ranges(
             strides: vec![n, 1],
             offset: g * parts * n,
         };
-        launch_family(
-            core,
+        dev.launch_whole(
             &add_rows,
-            &[f32_view(&sums, &stacked)],
+            &[TensorRef::f32(&sums, &stacked)],
             std::slice::from_ref(grad),
             &[],
         )?;
@@ -371,7 +421,7 @@ fn norm_backward_ranges(
 /// `first`, the index of the input's first element along the reduced axis), and the argmax
 /// of each pair of maxima picks one of the pair's indices: the first on ties, as one launch.
 fn reduce_windows(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     x: TensorRef<'_>,
     out: TensorRef<'_>,
@@ -380,17 +430,17 @@ fn reduce_windows(
     let (axes, keepdim) = match op {
         Op::Reduce { axes, keepdim, .. } => (&axes[..], *keepdim),
         Op::ArgMax { axis, keepdim } => (std::slice::from_ref(axis), *keepdim),
-        _ => return Err(too_large(core, op, &[x], &[out])),
+        _ => return Err(too_large(dev, op, &[x], &[out])),
     };
-    if core.fits(&[x, out]) {
+    if dev.fits(&[x, out]) {
         return match op {
-            Op::ArgMax { axis, .. } => reduce::argmax(core, *axis, &x, &out, first),
-            _ => launch_family(core, op, &[x], &[out], &[]),
+            Op::ArgMax { .. } => dev.launch_part(op, &[x], &[out], &[], Part::at(first)),
+            _ => dev.launch_whole(op, &[x], &[out], &[]),
         };
     }
     let l = x.layout;
-    let Some(dim) = furthest(l) else {
-        return Err(too_large(core, op, &[x], &[out]));
+    let Some(dim) = l.furthest_dim() else {
+        return Err(too_large(dev, op, &[x], &[out]));
     };
     let halves = halves(l.shape[dim]);
     if !axes.contains(&dim) {
@@ -403,23 +453,23 @@ fn reduce_windows(
                 l.narrow(dim, start, len),
                 out.layout.narrow(out_dim, start, len),
             );
-            let (x, part) = (with_layout(&x, &li), with_layout(&out, &lo));
+            let (x, part) = (x.with_layout(&li), out.with_layout(&lo));
             if lo.is_contiguous() {
-                reduce_windows(core, op, x, part, first)?;
+                reduce_windows(dev, op, x, part, first)?;
                 continue;
             }
             // The kernels write their outputs in order: reduce into a contiguous buffer, then
             // copy into the strided part of `out`.
             let bytes = (lo.numel() * out.dtype.size()).next_multiple_of(4);
-            let buffer = core.scratch(bytes)?;
+            let buffer = dev.scratch(bytes)?;
             let layout = Layout::contiguous(&lo.shape);
             let dense = TensorRef {
                 buffer: &buffer,
                 layout: &layout,
                 dtype: out.dtype,
             };
-            reduce_windows(core, op, x, dense, first)?;
-            launch_family(core, &Op::Copy, &[dense], &[part], &[])?;
+            reduce_windows(dev, op, x, dense, first)?;
+            dev.launch_whole(&Op::Copy, &[dense], &[part], &[])?;
         }
         return Ok(());
     }
@@ -433,7 +483,7 @@ fn reduce_windows(
         })
         .collect();
     let pair = Layout::contiguous(&[&[2], &shape[..]].concat());
-    let partials = core.scratch(4 * 2 * numel)?;
+    let partials = dev.scratch(4 * 2 * numel)?;
     let x_halves: Vec<Layout> = halves
         .iter()
         .map(|&(start, len)| l.narrow(dim, start, len))
@@ -445,26 +495,26 @@ fn reduce_windows(
                 axes: vec![*axis],
                 keepdim,
             };
-            let indices = core.scratch(4 * 2 * numel)?;
+            let indices = dev.scratch(4 * 2 * numel)?;
             let index_of = |layout| TensorRef {
                 buffer: &indices,
                 layout,
                 dtype: out.dtype,
             };
             for ((li, part), (start, _)) in x_halves.iter().zip(&parts).zip(halves) {
-                let x = with_layout(&x, li);
-                reduce_windows(core, &maximum, x, f32_view(&partials, part), 0)?;
-                reduce_windows(core, op, x, index_of(part), first + start)?;
+                let x = x.with_layout(li);
+                reduce_windows(dev, &maximum, x, TensorRef::f32(&partials, part), 0)?;
+                reduce_windows(dev, op, x, index_of(part), first + start)?;
             }
             // Which half wins, as a mask: the second where its maximum beats the first's.
             let dense = Layout::contiguous(shape);
-            let which = core.scratch(4 * numel)?;
+            let which = dev.scratch(4 * numel)?;
             let which = TensorRef {
                 buffer: &which,
                 layout: &dense,
                 dtype: DType::I32,
             };
-            let second = core.scratch(numel.next_multiple_of(4))?;
+            let second = dev.scratch(numel.next_multiple_of(4))?;
             let second = TensorRef {
                 buffer: &second,
                 layout: &dense,
@@ -474,22 +524,10 @@ fn reduce_windows(
                 axis: 0,
                 keepdim: false,
             };
-            launch_family(core, &pick, &[f32_view(&partials, &pair)], &[which], &[])?;
-            launch_family(
-                core,
-                &Op::Cast { to: DType::Bool },
-                &[which],
-                &[second],
-                &[],
-            )?;
+            dev.launch_whole(&pick, &[TensorRef::f32(&partials, &pair)], &[which], &[])?;
+            dev.launch_whole(&Op::Cast { to: DType::Bool }, &[which], &[second], &[])?;
             let [first_half, second_half] = [0, 1].map(|i| index_of(&parts[i]));
-            return launch_family(
-                core,
-                &Op::Where,
-                &[second, second_half, first_half],
-                &[out],
-                &[],
-            );
+            return dev.launch_whole(&Op::Where, &[second, second_half, first_half], &[out], &[]);
         }
         // A mean is the sum of its partial sums over the count.
         Op::Reduce {
@@ -503,28 +541,27 @@ fn reduce_windows(
             },
         ),
         Op::Reduce { op: kind, .. } => (*kind, op.clone()),
-        _ => return Err(too_large(core, op, &[x], &[out])),
+        _ => return Err(too_large(dev, op, &[x], &[out])),
     };
     for (li, part) in x_halves.iter().zip(&parts) {
-        let partial = f32_view(&partials, part);
-        reduce_windows(core, &part_op, with_layout(&x, li), partial, 0)?;
+        let partial = TensorRef::f32(&partials, part);
+        reduce_windows(dev, &part_op, x.with_layout(li), partial, 0)?;
     }
     let combine = Op::Reduce {
         op: kind,
         axes: vec![0],
         keepdim: false,
     };
-    let pair = f32_view(&partials, &pair);
+    let pair = TensorRef::f32(&partials, &pair);
     if part_op == *op {
-        return launch_family(core, &combine, &[pair], &[out], &[]);
+        return dev.launch_whole(&combine, &[pair], &[out], &[]);
     }
-    let total = core.scratch(4 * numel)?;
+    let total = dev.scratch(4 * numel)?;
     let dense = Layout::contiguous(shape);
-    let sum = f32_view(&total, &dense);
-    launch_family(core, &combine, &[pair], &[sum], &[])?;
+    let sum = TensorRef::f32(&total, &dense);
+    dev.launch_whole(&combine, &[pair], &[sum], &[])?;
     let count: usize = axes.iter().map(|&a| l.shape[a]).product();
-    launch_family(
-        core,
+    dev.launch_whole(
         &Op::Unary(UnaryOp::Affine),
         &[sum],
         &[out],
@@ -541,23 +578,23 @@ fn halves(size: usize) -> [(usize, usize); 2] {
 /// outermost dimension longer than one, recursively, until each part fits; where that is
 /// the sequence, the tables' rows split with it.
 fn rotary_windows(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
-    if core.fits(inputs) && core.fits(outputs) {
-        return launch_family(core, op, inputs, outputs, s);
+    if dev.fits(inputs) && dev.fits(outputs) {
+        return dev.launch_whole(op, inputs, outputs, s);
     }
     let x = inputs[0].layout;
     let r = x.rank();
     let Some(dim) = (0..r - 1).find(|&d| x.shape[d] > 1) else {
-        return Err(too_large(core, op, inputs, outputs));
+        return Err(too_large(dev, op, inputs, outputs));
     };
     let size = x.shape[dim];
     on_halves(
-        core,
+        dev,
         op,
         inputs,
         outputs,
@@ -583,21 +620,21 @@ fn rotary_windows(
 /// its query heads), recursively, until each part fits: every part is whole heads, computed
 /// as in one launch. A single head wider than a binding is `Unsupported`.
 fn attention_windows(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
-    if core.fits(inputs) && core.fits(outputs) {
-        return launch_family(core, op, inputs, outputs, s);
+    if dev.fits(inputs) && dev.fits(outputs) {
+        return dev.launch_whole(op, inputs, outputs, s);
     }
     let (q, kv) = (&inputs[0].layout.shape, &inputs[1].layout.shape);
     let group = q[1] / kv[1].max(1);
     let (dim, size, per_query) = match (q[0], kv[1]) {
         (b, _) if b > 1 => (0, b, 1),
         (_, h) if h > 1 => (1, h, group),
-        _ => return Err(too_large(core, op, inputs, outputs)),
+        _ => return Err(too_large(dev, op, inputs, outputs)),
     };
     // Keys and values (and their gradients) are the tensors with the key/value heads.
     let backward = matches!(op, Op::AttentionBackward { .. });
@@ -612,7 +649,7 @@ fn attention_windows(
             .collect()
     };
     on_halves(
-        core,
+        dev,
         op,
         inputs,
         outputs,
@@ -631,7 +668,7 @@ fn attention_windows(
 /// Creation, random and optimizer ops over flat ranges that fit: row-major operands of the
 /// output's element count are narrowed, others (an optimizer's gradient scale) bound whole.
 fn flat_ranges(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -639,14 +676,14 @@ fn flat_ranges(
 ) -> Result<()> {
     let all: Vec<TensorRef<'_>> = inputs.iter().chain(outputs).cloned().collect();
     if all.iter().any(|t| !t.layout.is_contiguous()) {
-        return Err(too_large(core, op, inputs, outputs));
+        return Err(too_large(dev, op, inputs, outputs));
     }
     let n = outputs[0].layout.numel();
-    let part = flat_part(core, &all);
+    let part = flat_part(dev, &all);
     let range = |list: &[TensorRef<'_>], first: usize, len: usize| -> Vec<Layout> {
         list.iter()
             .map(|t| match t.layout.numel() == n {
-                true => flat(t.layout).narrow(0, first, len),
+                true => t.layout.flat().narrow(0, first, len),
                 false => t.layout.clone(),
             })
             .collect()
@@ -654,13 +691,16 @@ fn flat_ranges(
     for first in (0..n).step_by(part) {
         let len = part.min(n - first);
         let (li, lo) = (range(inputs, first, len), range(outputs, first, len));
-        let (i, o) = (with_layouts(inputs, &li), with_layouts(outputs, &lo));
+        let (i, o) = (
+            TensorRef::with_layouts(inputs, &li),
+            TensorRef::with_layouts(outputs, &lo),
+        );
         match op {
             Op::Fill { .. }
             | Op::Arange { .. }
             | Op::RandUniform { .. }
-            | Op::RandNormal { .. } => random::launch(core, op, &o, s, first)?,
-            _ => launch_family(core, op, &i, &o, s)?,
+            | Op::RandNormal { .. } => dev.launch_part(op, &i, &o, s, Part::at(first))?,
+            _ => dev.launch_whole(op, &i, &o, s)?,
         }
     }
     Ok(())
@@ -681,7 +721,7 @@ fn within(layout: &Layout, extent: &Layout, axis: usize) -> Layout {
 /// whose indices fall in its window, as embedding does. Every output reads the element it
 /// reads in one launch.
 fn gather_windows(
-    core: &Core,
+    dev: &dyn PartLauncher,
     axis: usize,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -689,24 +729,28 @@ fn gather_windows(
     let (x, idx, out) = (inputs[0], inputs[1], outputs[0]);
     let rows = x.layout.shape[axis];
     let read = within(x.layout, idx.layout, axis);
-    gather_parts(core, axis, [with_layout(&x, &read), idx, out], 0, rows)
+    gather_parts(dev, axis, [x.with_layout(&read), idx, out], 0, rows)
 }
 
 /// A gather part `[x, index, out]`, `x` holding rows `first..` of `rows` along the axis.
 fn gather_parts(
-    core: &Core,
+    dev: &dyn PartLauncher,
     axis: usize,
     parts: [TensorRef<'_>; 3],
     first: usize,
     rows: usize,
 ) -> Result<()> {
     let [x, idx, out] = parts;
-    if core.fits(&parts) {
-        return movement::gather_part(core, axis, &x, &idx, &out, first, rows);
+    if dev.fits(&parts) {
+        let part = Part {
+            rows: Some(rows),
+            ..Part::at(first)
+        };
+        return dev.launch_part(&Op::Gather { axis }, &[x, idx], &[out], &[], part);
     }
     let op = Op::Gather { axis };
-    halve_on_axis(core, &op, axis, parts, 0, first, &|parts, first| {
-        gather_parts(core, axis, parts, first, rows)
+    halve_on_axis(dev, &op, axis, parts, 0, first, &|parts, first| {
+        gather_parts(dev, axis, parts, first, rows)
     })
 }
 
@@ -716,7 +760,7 @@ fn gather_parts(
 /// all three split alike; along it the `lone` operand splits alone where it is the widest,
 /// else the other two do.
 fn halve_on_axis(
-    core: &Core,
+    dev: &dyn PartLauncher,
     op: &Op,
     axis: usize,
     parts: [TensorRef<'_>; 3],
@@ -724,9 +768,10 @@ fn halve_on_axis(
     first: usize,
     part: &dyn Fn([TensorRef<'_>; 3], usize) -> Result<()>,
 ) -> Result<()> {
-    let widest = (0..3).max_by_key(|&k| core.binding_bytes(&parts[k]));
-    let Some((widest, dim)) = widest.and_then(|k| Some((k, furthest(parts[k].layout)?))) else {
-        return Err(too_large(core, op, &parts[..2], &parts[2..]));
+    let widest = (0..3).max_by_key(|&k| dev.binding_bytes(&parts[k]));
+    let Some((widest, dim)) = widest.and_then(|k| Some((k, parts[k].layout.furthest_dim()?)))
+    else {
+        return Err(too_large(dev, op, &parts[..2], &parts[2..]));
     };
     let alone = dim == axis && widest == lone;
     for (start, len) in halves(parts[widest].layout.shape[dim]) {
@@ -738,10 +783,7 @@ fn halve_on_axis(
             })
             .collect();
         let first = if alone { first + start } else { first };
-        part(
-            [0, 1, 2].map(|k| with_layout(&parts[k], &layouts[k])),
-            first,
-        )?;
+        part([0, 1, 2].map(|k| parts[k].with_layout(&layouts[k])), first)?;
     }
     Ok(())
 }
@@ -754,14 +796,14 @@ fn halve_on_axis(
 /// sources in source order, so f32 results are those of one launch; 16-bit outputs round
 /// between parts of the sources.
 fn scatter_add_windows(
-    core: &Core,
+    dev: &dyn PartLauncher,
     axis: usize,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
     let (idx, src, out) = (inputs[0], inputs[1], outputs[0]);
     launch(
-        core,
+        dev,
         &Op::Fill { dtype: out.dtype },
         &[],
         &outputs[..1],
@@ -771,22 +813,26 @@ fn scatter_add_windows(
     if reached.numel() == 0 || idx.layout.numel() == 0 {
         return Ok(());
     }
-    scatter_add_parts(core, axis, [idx, src, with_layout(&out, &reached)], 0)
+    scatter_add_parts(dev, axis, [idx, src, out.with_layout(&reached)], 0)
 }
 
 /// A scatter-add part `[index, src, out]`, `out` starting at target `first` along the axis.
 fn scatter_add_parts(
-    core: &Core,
+    dev: &dyn PartLauncher,
     axis: usize,
     parts: [TensorRef<'_>; 3],
     first: usize,
 ) -> Result<()> {
     let [idx, src, out] = parts;
-    if core.fits(&parts) {
-        return movement::scatter_add_part(core, axis, &idx, &src, &out, first, true);
+    if dev.fits(&parts) {
+        let part = Part {
+            accumulate: true,
+            ..Part::at(first)
+        };
+        return dev.launch_part(&Op::ScatterAdd { axis }, &[idx, src], &[out], &[], part);
     }
     let op = Op::ScatterAdd { axis };
-    halve_on_axis(core, &op, axis, parts, 2, first, &|parts, first| {
-        scatter_add_parts(core, axis, parts, first)
+    halve_on_axis(dev, &op, axis, parts, 2, first, &|parts, first| {
+        scatter_add_parts(dev, axis, parts, first)
     })
 }

@@ -3,10 +3,10 @@
 
 use tessera_core::{Op, ReduceOp, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, no_subst, run, unsupported};
+use crate::gpu::Gpu;
+use crate::source::{groups_for, key, no_subst, run, unsupported};
 
-const SRC: &str = include_str!("kernels/reduce.wgsl");
+const SRC: &str = include_str!("../kernels/reduce.wgsl");
 
 /// Reduced extents shorter than this use one thread per output.
 const THREAD_REDUCE_MAX: usize = 64;
@@ -30,7 +30,7 @@ fn split_axes(
 }
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -62,7 +62,7 @@ pub(crate) fn launch(
                 ("reduce_group", nout as u64)
             };
             run(
-                core,
+                gpu,
                 &k(section),
                 SRC,
                 section,
@@ -76,7 +76,7 @@ pub(crate) fn launch(
                 },
             )
         }
-        Op::ArgMax { axis, .. } => argmax(core, *axis, x, &outputs[0], 0),
+        Op::ArgMax { axis, .. } => argmax(gpu, *axis, x, &outputs[0], 0),
         Op::Softmax | Op::LogSoftmax => {
             let n = *x.layout.shape.last().unwrap_or(&1);
             let rows = x.layout.numel() / n.max(1);
@@ -87,7 +87,7 @@ pub(crate) fn launch(
             };
             let groups = if n == 0 { 0 } else { rows as u64 };
             run(
-                core,
+                gpu,
                 &k("softmax"),
                 SRC,
                 "softmax",
@@ -111,7 +111,7 @@ pub(crate) fn launch(
             let subst = [("DOT_TERM", dot.to_string()), ("GRAD", grad.to_string())];
             let groups = if n == 0 { 0 } else { rows as u64 };
             run(
-                core,
+                gpu,
                 &k("softmax_backward"),
                 SRC,
                 "softmax_backward",
@@ -124,14 +124,14 @@ pub(crate) fn launch(
                 },
             )
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }
 
 /// Argmax along `axis` of `x`, whose first element along it has index `first` in the op's
 /// whole input (0 but for parts of a reduced extent that runs over windows).
 pub(crate) fn argmax(
-    core: &Core,
+    gpu: &dyn Gpu,
     axis: usize,
     x: &TensorRef<'_>,
     out: &TensorRef<'_>,
@@ -146,7 +146,7 @@ pub(crate) fn argmax(
         keepdim: false,
     };
     run(
-        core,
+        gpu,
         &key(&op, &ins, &outs, "argmax"),
         SRC,
         "argmax",

@@ -6,16 +6,17 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
-use crate::device::Core;
-use crate::shader::{groups_for, key, no_subst, run, unsupported};
-use crate::{elementwise, random, windows};
+use crate::gpu::{Gpu, Planner};
+use crate::source::{groups_for, key, no_subst, run, unsupported};
+use crate::{elementwise, random};
+use tessera_core::exec::split;
 
-const SRC: &str = include_str!("kernels/movement.wgsl");
+const SRC: &str = include_str!("../kernels/movement.wgsl");
 
 /// Ranges `(first, count)` of `rows` rows of `row_bytes` bytes each (an embedding table, the
 /// gradients of positions; row-major) that each fit one binding: all rows where they fit.
-fn row_windows(core: &Core, rows: usize, row_bytes: usize) -> Vec<(usize, usize)> {
-    let room = core.max_binding().saturating_sub(core.align());
+fn row_windows(gpu: &dyn Gpu, rows: usize, row_bytes: usize) -> Vec<(usize, usize)> {
+    let room = gpu.max_binding().saturating_sub(gpu.align());
     let row_bytes = row_bytes.max(1) as u64;
     let per = if rows as u64 * row_bytes <= room {
         rows.max(1)
@@ -29,7 +30,7 @@ fn row_windows(core: &Core, rows: usize, row_bytes: usize) -> Vec<(usize, usize)
 }
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -47,8 +48,8 @@ pub(crate) fn launch(
                     layout: &layout,
                     dtype: out.dtype,
                 };
-                windows::launch(
-                    core,
+                split::launch(
+                    &Planner(gpu),
                     &Op::Copy,
                     std::slice::from_ref(t),
                     std::slice::from_ref(&slice),
@@ -62,26 +63,23 @@ pub(crate) fn launch(
             let (table, ids) = (&inputs[0], &inputs[1]);
             let (v, d) = (table.layout.shape[0], table.layout.shape[1]);
             let positions = ids.layout.numel();
-            let ids_flat = windows::flat(ids.layout);
+            let ids_flat = ids.layout.flat();
             let out_rows = Layout {
                 shape: vec![positions, d],
                 strides: vec![d, 1],
                 offset: out.layout.offset,
             };
-            let position_windows = row_windows(core, positions, d * out.dtype.size());
-            for (first, rows) in row_windows(core, v, d * table.dtype.size()) {
+            let position_windows = row_windows(gpu, positions, d * out.dtype.size());
+            for (first, rows) in row_windows(gpu, v, d * table.dtype.size()) {
                 let window = table.layout.narrow(0, first, rows);
                 for &(p0, count) in &position_windows {
                     let (ids_part, out_part) =
                         (ids_flat.narrow(0, p0, count), out_rows.narrow(0, p0, count));
-                    let ins = [
-                        windows::with_layout(table, &window),
-                        windows::with_layout(ids, &ids_part),
-                    ];
-                    let outs = [windows::with_layout(out, &out_part)];
+                    let ins = [table.with_layout(&window), ids.with_layout(&ids_part)];
+                    let outs = [out.with_layout(&out_part)];
                     let m = count * d;
                     run(
-                        core,
+                        gpu,
                         &k("embedding"),
                         SRC,
                         "embedding",
@@ -100,24 +98,24 @@ pub(crate) fn launch(
         Op::EmbeddingBackward => {
             let (ids, d) = (&inputs[0], out.layout.shape[1]);
             let positions = ids.layout.numel();
-            let ids_flat = windows::flat(ids.layout);
+            let ids_flat = ids.layout.flat();
             let dy_rows = Layout {
                 shape: vec![positions, d],
                 strides: vec![d, 1],
                 offset: inputs[1].layout.offset,
             };
-            let dy = windows::with_layout(&inputs[1], &dy_rows);
-            let position_windows = row_windows(core, positions, d * dy.dtype.size());
+            let dy = inputs[1].with_layout(&dy_rows);
+            let position_windows = row_windows(gpu, positions, d * dy.dtype.size());
             // 16-bit gradients summed over several ranges of positions add up in f32 scratch,
             // rounded once at the end.
             let staged = position_windows.len() > 1 && out.dtype != DType::F32;
             let sum_dtype = if staged { DType::F32 } else { out.dtype };
             let v = out.layout.shape[0];
-            for (first, rows) in row_windows(core, v, d * sum_dtype.size()) {
+            for (first, rows) in row_windows(gpu, v, d * sum_dtype.size()) {
                 let window = out.layout.narrow(0, first, rows);
-                let part = windows::with_layout(out, &window);
+                let part = out.with_layout(&window);
                 let scratch = if staged {
-                    Some(core.scratch(rows * d * 4)?)
+                    Some(gpu.scratch(rows * d * 4)?)
                 } else {
                     None
                 };
@@ -131,7 +129,7 @@ pub(crate) fn launch(
                     None => part,
                 };
                 random::launch(
-                    core,
+                    gpu,
                     &Op::Fill { dtype: sums.dtype },
                     std::slice::from_ref(&sums),
                     &[0.0],
@@ -140,11 +138,8 @@ pub(crate) fn launch(
                 for &(p0, count) in &position_windows {
                     let (ids_part, dy_part) =
                         (ids_flat.narrow(0, p0, count), dy_rows.narrow(0, p0, count));
-                    let ins = [
-                        windows::with_layout(ids, &ids_part),
-                        windows::with_layout(&dy, &dy_part),
-                    ];
-                    let scratch = core.scratch(count * 8)?;
+                    let ins = [ids.with_layout(&ids_part), dy.with_layout(&dy_part)];
+                    let scratch = gpu.scratch(count * 8)?;
                     let layout = Layout::contiguous(&[2 * count]);
                     let links = TensorRef {
                         buffer: &scratch,
@@ -153,7 +148,7 @@ pub(crate) fn launch(
                     };
                     let links = std::slice::from_ref(&links);
                     run(
-                        core,
+                        gpu,
                         &key(op, &ins[..1], links, "embedding_links"),
                         SRC,
                         "embedding_links",
@@ -168,7 +163,7 @@ pub(crate) fn launch(
                     let with_links = [sums, links[0]];
                     let m = count * d;
                     run(
-                        core,
+                        gpu,
                         &key(op, &ins, &with_links, "embedding_backward"),
                         SRC,
                         "embedding_backward",
@@ -183,7 +178,7 @@ pub(crate) fn launch(
                 }
                 if staged {
                     elementwise::launch(
-                        core,
+                        gpu,
                         &Op::Cast { to: out.dtype },
                         std::slice::from_ref(&sums),
                         std::slice::from_ref(&part),
@@ -196,12 +191,12 @@ pub(crate) fn launch(
         Op::Gather { axis } => {
             let (x, idx) = (&inputs[0], &inputs[1]);
             let rows = x.layout.shape[*axis];
-            gather_part(core, *axis, x, idx, out, 0, rows)
+            gather_part(gpu, *axis, x, idx, out, 0, rows)
         }
         Op::ScatterAdd { axis } => {
-            scatter_add_part(core, *axis, &inputs[0], &inputs[1], out, 0, false)
+            scatter_add_part(gpu, *axis, &inputs[0], &inputs[1], out, 0, false)
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }
 
@@ -210,7 +205,7 @@ pub(crate) fn launch(
 /// window read it, the window from row 0 writes zeros for indices outside `0..rows`, and other
 /// outputs are left to their window's launch. Operands are read and written through strides.
 pub(crate) fn gather_part(
-    core: &Core,
+    gpu: &dyn Gpu,
     axis: usize,
     x: &TensorRef<'_>,
     idx: &TensorRef<'_>,
@@ -222,7 +217,7 @@ pub(crate) fn gather_part(
     let (ins, outs) = ([*x, *idx], [*out]);
     let n = out.layout.numel();
     run(
-        core,
+        gpu,
         &key(&op, &ins, &outs, "gather"),
         SRC,
         "gather",
@@ -245,7 +240,7 @@ pub(crate) fn gather_part(
 /// and `src` (one shape and strides): written (`accumulate` false: the whole op in one
 /// launch), or added onto `out`'s values (parts of an op over windows, after zeroing).
 pub(crate) fn scatter_add_part(
-    core: &Core,
+    gpu: &dyn Gpu,
     axis: usize,
     idx: &TensorRef<'_>,
     src: &TensorRef<'_>,
@@ -257,7 +252,7 @@ pub(crate) fn scatter_add_part(
     let (ins, outs) = ([*idx, *src], [*out]);
     let n = out.layout.numel();
     run(
-        core,
+        gpu,
         &key(&op, &ins, &outs, "scatter_add"),
         SRC,
         "scatter_add",

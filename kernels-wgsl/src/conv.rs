@@ -14,14 +14,12 @@
 
 use tessera_core::{Conv2dParams, DType, Layout, Op, Result, TensorRef};
 
-use crate::device::Core;
+use crate::gpu::{Gpu, Planner};
 use crate::matmul::{self, PLAIN};
-use crate::shader::{groups_for, key, no_subst, run, unsupported};
-use crate::windows::{self, f32_view};
+use crate::source::{groups_for, key, no_subst, run, unsupported};
+use tessera_core::exec::split;
 
-const SRC: &str = include_str!("kernels/conv.wgsl");
-
-pub(crate) const SUPPORTED: bool = true;
+const SRC: &str = include_str!("../kernels/conv.wgsl");
 
 fn t<'a>(like: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
     TensorRef {
@@ -55,10 +53,10 @@ struct Parts {
 
 /// The largest parts that fit one binding each, or `None` where one image (or one position's
 /// or channel's columns) does not.
-fn parts(core: &Core, op: &Op, dims: [usize; 7], sizes: [usize; 2]) -> Option<Parts> {
+fn parts(gpu: &dyn Gpu, op: &Op, dims: [usize; 7], sizes: [usize; 2]) -> Option<Parts> {
     let [n, c, h, w, o, kk, l] = dims;
     let [x_size, y_size] = sizes;
-    let room = core.max_binding().saturating_sub(core.align()) as usize;
+    let room = gpu.max_binding().saturating_sub(gpu.align()) as usize;
     let (x_image, y_image, cols_image) = (c * h * w * x_size, o * l * y_size, c * kk * l * 4);
     if x_image > room || y_image > room {
         return None;
@@ -84,7 +82,7 @@ fn parts(core: &Core, op: &Op, dims: [usize; 7], sizes: [usize; 2]) -> Option<Pa
 }
 
 pub(crate) fn launch(
-    core: &Core,
+    gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
@@ -97,13 +95,13 @@ pub(crate) fn launch(
         Op::Conv2dBackwardWeight { params } => {
             (&inputs[0].layout.shape, &outputs[0].layout.shape, params)
         }
-        _ => return Err(unsupported(op)),
+        _ => return Err(unsupported(gpu, op)),
     };
     let [n, c, h, w] = [x_shape[0], x_shape[1], x_shape[2], x_shape[3]];
     let [o, _, kh, kw] = [w_shape[0], w_shape[1], w_shape[2], w_shape[3]];
     let [oh, ow] = params
         .output_size([h, w], [kh, kw])
-        .ok_or_else(|| unsupported(op))?;
+        .ok_or_else(|| unsupported(gpu, op))?;
     let (kk, l) = (kh * kw, oh * ow);
     let ckk = c * kk;
     // The image-sized operands (x or dx, y or dy) and the whole ones (weight, bias).
@@ -114,9 +112,9 @@ pub(crate) fn launch(
     };
     let dims = [n, c, h, w, o, kk, l];
     let sizes = [x_t.dtype.size(), y_t.dtype.size()];
-    let plan = match parts(core, op, dims, sizes) {
-        Some(plan) if core.fits(&whole) => plan,
-        _ => return Err(windows::too_large(core, op, inputs, outputs)),
+    let plan = match parts(gpu, op, dims, sizes) {
+        Some(plan) if gpu.fits(&whole) => plan,
+        _ => return Err(split::too_large(&Planner(gpu), op, inputs, outputs)),
     };
     let geometry = [
         c,
@@ -133,7 +131,7 @@ pub(crate) fn launch(
         params.dilation[0],
         params.dilation[1],
     ];
-    let scratch = core.scratch(plan.images * plan.channels * kk * plan.positions * 4)?;
+    let scratch = gpu.scratch(plan.images * plan.channels * kk * plan.positions * 4)?;
     // Columns `[images, channels * KH * KW, positions]` of a part, in f32.
     let columns = |images: usize, channels: usize, positions: usize| {
         Layout::contiguous(&[images, channels * kk, positions])
@@ -141,14 +139,14 @@ pub(crate) fn launch(
     // Parameters: images, the geometry, then the part's first channel, channels, first
     // position and positions.
     let part_params = |images: usize, part: [usize; 4]| {
-        move |offs: &[usize], p: &mut crate::shader::Params| {
+        move |offs: &[usize], p: &mut crate::source::Params| {
             p.u(images).all(&geometry).all(&part).all(offs);
         }
     };
     let im2col = |x: &TensorRef<'_>, cols: &TensorRef<'_>, images: usize, part: [usize; 4]| {
         let (ins, outs) = (std::slice::from_ref(x), std::slice::from_ref(cols));
         run(
-            core,
+            gpu,
             &key(op, ins, outs, "im2col"),
             SRC,
             "im2col",
@@ -174,7 +172,7 @@ pub(crate) fn launch(
                 let x_part = x.layout.narrow(0, i0, m);
                 for (l0, ln) in ranges(l, plan.positions) {
                     let cols_l = columns(m, c, ln);
-                    let cols = f32_view(&scratch, &cols_l);
+                    let cols = TensorRef::f32(&scratch, &cols_l);
                     im2col(&t(x, &x_part), &cols, m, [0, c, l0, ln])?;
                     let a_l = strided(&[m, o, ckk], &[0, ckk, 1], wt.layout.offset);
                     let y_l = strided(
@@ -184,7 +182,7 @@ pub(crate) fn launch(
                     );
                     let y_part = [t(y, &y_l)];
                     if !*bias {
-                        matmul::launch_windows(core, &PLAIN, &[t(wt, &a_l), cols], &y_part)?;
+                        matmul::launch_windows(gpu, &PLAIN, &[t(wt, &a_l), cols], &y_part)?;
                         continue;
                     }
                     // The bias (one per output channel, a row of the product) enters through
@@ -192,7 +190,7 @@ pub(crate) fn launch(
                     let b = &inputs[2];
                     let b_l = strided(&[m, o, ln], &[0, b.layout.strides[0], 0], b.layout.offset);
                     matmul::launch_windows(
-                        core,
+                        gpu,
                         &ACCUMULATE,
                         &[t(wt, &a_l), cols, t(b, &b_l)],
                         &y_part,
@@ -209,11 +207,11 @@ pub(crate) fn launch(
                 let dy_l = strided(&[m, o, l], &[o * l, l, 1], dy.layout.offset + i0 * o * l);
                 for (c0, cn) in ranges(c, plan.channels) {
                     let cols_l = columns(m, cn, l);
-                    let cols = [f32_view(&scratch, &cols_l)];
+                    let cols = [TensorRef::f32(&scratch, &cols_l)];
                     let a_l = strided(&[m, cn * kk, o], &[0, 1, ckk], wt.layout.offset + c0 * kk);
-                    matmul::launch_windows(core, &PLAIN, &[t(wt, &a_l), t(dy, &dy_l)], &cols)?;
+                    matmul::launch_windows(gpu, &PLAIN, &[t(wt, &a_l), t(dy, &dy_l)], &cols)?;
                     run(
-                        core,
+                        gpu,
                         &key(op, &cols, &dx_part, "col2im"),
                         SRC,
                         "col2im",
@@ -232,7 +230,7 @@ pub(crate) fn launch(
             let out_l = strided(&[o, ckk], &[ckk, 1], out.layout.offset);
             if n == 0 {
                 return crate::random::launch(
-                    core,
+                    gpu,
                     &Op::Fill { dtype: out.dtype },
                     &[t(out, &out_l)],
                     &[0.0],
@@ -245,7 +243,7 @@ pub(crate) fn launch(
             let dw = if out.dtype == DType::F32 {
                 *out
             } else {
-                sum_scratch = core.scratch(o * ckk * 4)?;
+                sum_scratch = gpu.scratch(o * ckk * 4)?;
                 TensorRef {
                     buffer: &sum_scratch,
                     layout: &sum_layout,
@@ -258,7 +256,7 @@ pub(crate) fn launch(
                     let cols_l = columns(m, cn, l);
                     im2col(
                         &t(x, &x_part),
-                        &f32_view(&scratch, &cols_l),
+                        &TensorRef::f32(&scratch, &cols_l),
                         m,
                         [c0, cn, 0, l],
                     )?;
@@ -267,12 +265,12 @@ pub(crate) fn launch(
                     for img in 0..m {
                         let dy_l = strided(&[o, l], &[l, 1], dy.layout.offset + (i0 + img) * o * l);
                         let c_l = strided(&[l, cn * kk], &[1, l], img * cn * kk * l);
-                        let ins = [t(dy, &dy_l), f32_view(&scratch, &c_l), dw_part];
+                        let ins = [t(dy, &dy_l), TensorRef::f32(&scratch, &c_l), dw_part];
                         let (acc, ins) = match i0 + img {
                             0 => (&PLAIN, &ins[..2]),
                             _ => (&ACCUMULATE, &ins[..]),
                         };
-                        matmul::launch_windows(core, acc, ins, &[dw_part])?;
+                        matmul::launch_windows(gpu, acc, ins, &[dw_part])?;
                     }
                 }
             }
@@ -280,14 +278,14 @@ pub(crate) fn launch(
                 return Ok(());
             }
             let dw_l = strided(&[o, ckk], &[ckk, 1], dw.layout.offset);
-            windows::launch(
-                core,
+            split::launch(
+                &Planner(gpu),
                 &Op::Cast { to: out.dtype },
                 &[t(&dw, &dw_l)],
                 &[t(out, &out_l)],
                 &[],
             )
         }
-        _ => Err(unsupported(op)),
+        _ => Err(unsupported(gpu, op)),
     }
 }

@@ -1,0 +1,16 @@
+//! Backend-neutral execution: what every backend's launch of an op shares, so that a
+//! backend holds only what is its own.
+//!
+//! - The op-to-family map is [`crate::Op::family`]; every dispatch matches on it.
+//! - The catalog's dtype rules are [`crate::ops::check_dtypes`]; a backend adds only what its
+//!   device lacks.
+//! - [`KernelCache`]: a device's kernels by op and input dtypes.
+//! - [`split`]: ops over tensors larger than one kernel binding, run as parts that fit,
+//!   against the small [`PartLauncher`] trait (used by backends that bind windows of
+//!   buffers: wgpu, and Vulkan through the same kernels crate).
+
+mod cache;
+pub mod split;
+
+pub use cache::KernelCache;
+pub use split::{binding_window, Part, PartLauncher};

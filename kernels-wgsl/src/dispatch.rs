@@ -1,0 +1,85 @@
+//! From an op to its family's planner, as core's splitting asks for each part.
+
+use std::sync::Arc;
+
+use tessera_core::exec::{split, Part, PartLauncher};
+use tessera_core::{Buffer, Limits, Op, OpFamily, Result, TensorRef};
+
+use crate::gpu::{Gpu, Planner};
+use crate::{attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce};
+
+/// Launches `op` on `gpu`, over windows of its operands where one is larger than a binding.
+pub fn launch(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+) -> Result<()> {
+    split::launch(&Planner(gpu), op, inputs, outputs, scalars)
+}
+
+impl PartLauncher for Planner<'_> {
+    fn backend(&self) -> &str {
+        self.0.backend()
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.0.caps().limits
+    }
+
+    fn scratch(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.0.scratch(bytes)
+    }
+
+    /// Matmul splits along K into partial sums its own kernel adds with the epilogue, the
+    /// convolutions into parts of images and of their im2col columns, embedding and its
+    /// backward into ranges of table rows and positions, concat into a copy per input, and
+    /// the squared norm into chunks of partial sums.
+    fn splits_itself(&self, op: &Op) -> bool {
+        matches!(
+            op,
+            Op::SquaredNorm
+                | Op::Embedding
+                | Op::EmbeddingBackward
+                | Op::Concat { .. }
+                | Op::Matmul { .. }
+                | Op::Conv2d { .. }
+                | Op::Conv2dBackwardData { .. }
+                | Op::Conv2dBackwardWeight { .. }
+        )
+    }
+
+    fn launch_part(
+        &self,
+        op: &Op,
+        i: &[TensorRef<'_>],
+        o: &[TensorRef<'_>],
+        s: &[f64],
+        part: Part,
+    ) -> Result<()> {
+        let gpu = self.0;
+        match (op, op.family()) {
+            (_, OpFamily::Random) => random::launch(gpu, op, o, s, part.first),
+            (_, OpFamily::Elementwise) => elementwise::launch(gpu, op, i, o, s),
+            (Op::ArgMax { axis, .. }, _) => reduce::argmax(gpu, *axis, &i[0], &o[0], part.first),
+            (_, OpFamily::Reduce) => reduce::launch(gpu, op, i, o),
+            (_, OpFamily::Matmul) if gpu.fits(i) && gpu.fits(o) => matmul::launch(gpu, op, i, o),
+            (_, OpFamily::Matmul) => matmul::launch_windows(gpu, op, i, o),
+            (Op::Gather { axis }, _) if part != Part::WHOLE => {
+                let rows = part.rows.unwrap_or(i[0].layout.shape[*axis]);
+                movement::gather_part(gpu, *axis, &i[0], &i[1], &o[0], part.first, rows)
+            }
+            (Op::ScatterAdd { axis }, _) if part != Part::WHOLE => {
+                let (idx, src, out) = (&i[0], &i[1], &o[0]);
+                movement::scatter_add_part(gpu, *axis, idx, src, out, part.first, part.accumulate)
+            }
+            (_, OpFamily::Movement) => movement::launch(gpu, op, i, o),
+            (_, OpFamily::Norm) => norm::launch(gpu, op, i, o, s),
+            (_, OpFamily::Attention) => attention::launch(gpu, op, i, o, s),
+            (_, OpFamily::Loss) => loss::launch(gpu, op, i, o),
+            (_, OpFamily::Optim) => optim::launch(gpu, op, i, o, s),
+            (_, OpFamily::Conv) => conv::launch(gpu, op, i, o),
+        }
+    }
+}

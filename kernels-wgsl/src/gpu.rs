@@ -1,0 +1,178 @@
+//! What the planners need from a device: its capabilities, scratch memory, and the dispatch
+//! of one kernel. A backend implements [`Gpu`]; nothing here knows which API records the work.
+
+use std::sync::Arc;
+
+use tessera_core::exec::binding_window;
+use tessera_core::{Buffer, Error, Limits, Result, TensorRef};
+
+use crate::source::Build;
+
+/// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
+pub const WG: u64 = 256;
+
+/// What a device offers the kernels, fixed when it opens.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// `max_binding_bytes` and `binding_align` place bindings and decide how ops split;
+    /// `max_workgroups_per_dim` shapes grids.
+    pub limits: Limits,
+    /// Bytes of workgroup memory a kernel may use.
+    pub workgroup_memory: usize,
+    /// Whether f16 matmuls run on cooperative matrices (tensor cores).
+    pub coop_f16: bool,
+    /// Whether the device is a CPU driver (lavapipe): it compiles every kernel with LLVM at
+    /// first use, so kernels prefer loops to unrolled code there.
+    pub cpu: bool,
+    /// Parameter words a launch may pass as immediates (push constants); 0: none.
+    pub immediate_words: usize,
+    /// Whether workgroup reductions use subgroup operations.
+    pub subgroups: bool,
+}
+
+/// One binding of a dispatch: a byte window of a buffer of the device.
+#[derive(Clone, Copy, Debug)]
+pub struct Binding<'a> {
+    pub buffer: &'a Arc<dyn Buffer>,
+    /// Start in bytes, a multiple of the device's `binding_align`.
+    pub offset: u64,
+    /// Length in bytes, a multiple of 4.
+    pub size: u64,
+}
+
+/// One kernel dispatch, described for any API that runs WGSL compute kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct Dispatch<'a> {
+    /// The pipeline cache key: the op, its dtypes and the kernel variant. Kernels built with
+    /// parameters as immediates and as a buffer share a key ([`Dispatch::immediate`] tells
+    /// them apart).
+    pub key: &'a str,
+    /// Data bindings, group 1 from binding 1 in order.
+    pub bindings: &'a [Binding<'a>],
+    /// The parameter block, `u32` words.
+    pub params: &'a [u32],
+    /// Whether the kernel reads `params` as immediates (else from the submission's parameter
+    /// buffer, group 0).
+    pub immediate: bool,
+    /// Workgroups along x, y and z; a zero dispatches nothing.
+    pub grid: [u32; 3],
+}
+
+/// A device that runs WGSL compute kernels: wgpu, and Vulkan through naga.
+pub trait Gpu {
+    fn caps(&self) -> &Caps;
+    /// The backend's name, for errors.
+    fn backend(&self) -> &str;
+    /// A scratch buffer of at least `bytes`, from the device's pool.
+    fn scratch(&self, bytes: usize) -> Result<Arc<dyn Buffer>>;
+    /// Bytes allocated for `buffer` (at least its length): what a binding of it whole spans.
+    /// An error for a buffer of another device.
+    fn capacity(&self, buffer: &Arc<dyn Buffer>) -> Result<u64>;
+    /// Records `dispatch` with the pipeline cached under its key, compiling `source()` on a
+    /// miss (generating the source costs more host time than the rest of a launch).
+    fn dispatch(
+        &self,
+        dispatch: &Dispatch<'_>,
+        source: &mut dyn FnMut() -> Result<String>,
+    ) -> Result<()>;
+}
+
+impl dyn Gpu + '_ {
+    /// The most bytes one binding may span.
+    pub(crate) fn max_binding(&self) -> u64 {
+        self.caps().limits.max_binding_bytes as u64
+    }
+
+    /// The alignment of a binding's start, in bytes.
+    pub(crate) fn align(&self) -> u64 {
+        self.caps().limits.binding_align as u64
+    }
+
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.caps().cpu
+    }
+
+    pub(crate) fn coop_f16(&self) -> bool {
+        self.caps().coop_f16
+    }
+
+    pub(crate) fn workgroup_memory(&self) -> usize {
+        self.caps().workgroup_memory
+    }
+
+    fn max_groups(&self) -> u64 {
+        self.caps().limits.max_workgroups_per_dim.max(1) as u64
+    }
+
+    /// Bytes a binding of `t` spans.
+    pub(crate) fn binding_bytes(&self, t: &TensorRef<'_>) -> u64 {
+        binding_window(t.layout, t.dtype, self.align()).1
+    }
+
+    /// Whether every tensor of `tensors` fits one binding, so an op over them runs in one
+    /// launch.
+    pub(crate) fn fits(&self, tensors: &[TensorRef<'_>]) -> bool {
+        tensors
+            .iter()
+            .all(|t| self.binding_bytes(t) <= self.max_binding())
+    }
+
+    /// The binding of a tensor and its element offset inside that binding.
+    ///
+    /// A buffer that fits one binding is bound whole, whatever part of it `t` spans, so the
+    /// launches over one buffer share one cached bind group (decoding's views of a growing
+    /// KV cache would otherwise need a new one every token).
+    pub(crate) fn view<'a>(&self, t: &TensorRef<'a>) -> Result<(Binding<'a>, u32)> {
+        let capacity = self.capacity(t.buffer)?;
+        let max = self.max_binding();
+        let (start, size) = if capacity <= max {
+            (0, capacity)
+        } else {
+            let (start, size) = binding_window(t.layout, t.dtype, self.align());
+            (start, size.min(capacity.saturating_sub(start)))
+        };
+        if size > max || start + size > capacity {
+            return Err(Error::unsupported(
+                self.backend(),
+                format!("a tensor view of {size} bytes (the device binds at most {max})"),
+            ));
+        }
+        let elem = t.dtype.size() as u64;
+        let offset = u32::try_from((t.layout.offset as u64 * elem - start) / elem)
+            .map_err(|_| Error::unsupported(self.backend(), "views past 2^32 elements"))?;
+        let binding = Binding {
+            buffer: t.buffer,
+            offset: start,
+            size,
+        };
+        Ok((binding, offset))
+    }
+
+    /// A 2-D grid of at least `groups` workgroups where the device allows, else as many as
+    /// fit; kernels loop over the rest.
+    pub(crate) fn grid(&self, groups: u64) -> [u32; 3] {
+        let max = self.max_groups();
+        let y = groups.div_ceil(max).clamp(1, max);
+        let x = groups.div_ceil(y).clamp(1, max);
+        [x as u32, y as u32, 1]
+    }
+
+    /// `n` clamped to the grid's per-dimension limit (kernels loop over the rest).
+    pub(crate) fn dim(&self, n: usize) -> u32 {
+        (n as u64).min(self.max_groups()) as u32
+    }
+
+    /// What the kernel of a launch passing `words` parameter words is built for: immediates
+    /// where they hold the words, subgroup reductions where the device has them.
+    pub(crate) fn build(&self, words: usize) -> Build {
+        let caps = self.caps();
+        Build {
+            immediate_words: (caps.immediate_words > 0 && words <= caps.immediate_words)
+                .then_some(caps.immediate_words),
+            subgroups: caps.subgroups,
+        }
+    }
+}
+
+/// A device seen by core's splitting ([`tessera_core::exec::split`]) through these kernels.
+pub(crate) struct Planner<'a>(pub &'a dyn Gpu);

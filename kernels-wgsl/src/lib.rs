@@ -1,0 +1,37 @@
+//! Tessera's WGSL kernels and their planners, shared by the backends that run WGSL compute
+//! kernels (wgpu today; Vulkan through naga's SPIR-V output).
+//!
+//! What this crate owns:
+//! - the kernel sources, one file per op family under `kernels/`, and their assembly into one
+//!   module per launch ([`source`]): parameter block, shared helpers, bindings generated for
+//!   the launch's dtypes, one `// @kernel NAME` section;
+//! - the family planners (`elementwise.rs`, `matmul.rs`, ...) that turn an op launch into
+//!   dispatches: pipeline key, source, bindings, parameter words and grid ([`Dispatch`]);
+//! - the splits that depend on how these kernels compute an op (matmul along K, convolutions
+//!   over im2col columns, embedding over table rows); every other op past one binding splits
+//!   through core's [`tessera_core::exec::split`], which calls back here for each part.
+//!
+//! What it does not own: recording, submitting and synchronizing work, pipeline and bind
+//! group caches, memory, host copies, profiling. A backend implements [`Gpu`] (capabilities,
+//! scratch, one dispatch) and calls [`launch`].
+//!
+//! Kernels read and write every operand in place through its strides; data is f32, f16
+//! (where the device has it) or bf16 (16 bits packed in `u32` words), with i32/u32 indices
+//! and bool masks; arithmetic is f32 and 16-bit results round once, to nearest even.
+
+mod attention;
+mod conv;
+mod dispatch;
+mod elementwise;
+mod gpu;
+mod loss;
+mod matmul;
+mod movement;
+mod norm;
+mod optim;
+mod random;
+mod reduce;
+mod source;
+
+pub use dispatch::launch;
+pub use gpu::{Binding, Caps, Dispatch, Gpu, WG};

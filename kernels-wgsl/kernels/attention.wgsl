@@ -6,16 +6,14 @@
 // over arrays for any head size (large heads, CPU drivers). The first of them defines kdim(),
 // vdim() (head sizes), kvec(), vvec() (their vec4s) and tile(): constants of an unrolled
 // kernel, parameters of a looped one. Rows meet the streamed side four at a time.
-// Parameters: p[0] B, p[1] Hq, p[2] Hkv, p[3] Tq, p[4] Tk, p[5] D, p[6] Dv, p[7] causal,
-// p[8] scale, p[9] / p[10] the head / batch stride of k, p[11] / p[12] those of v (rows are
-// contiguous, heads may lie further apart: a view of a KV cache), p[13] / p[14] the key splits
-// and keys per split of forward_rows, p[15] the tile, then binding offsets from p[16].
+// Parameters: `AttentionParams` (attention.rs). Rows of k and v are contiguous; their heads
+// may lie further apart (a view of a KV cache).
 // Backward bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 dout, 7 dq, 8 dk, 9 dv, 10 delta (scratch,
 // one per query row: sum(dout * out)).
 
 SIZES
 
-fn o(k: u32) -> u32 { return p[15u + k]; }
+fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
 // The streamed tiles: keys and values (forward, dq) or queries and output gradients (dk, dv).
 var<workgroup> ta: array<vec4<f32>, AWORDS>;
@@ -23,17 +21,17 @@ var<workgroup> tb: array<vec4<f32>, BWORDS>;
 
 // The number of keys query `i` sees (causal: key j is visible when j + Tq <= i + Tk).
 fn visible(i: u32) -> u32 {
-    if (p[7] == 0u) { return p[4]; }
-    if (i + p[4] + 1u <= p[3]) { return 0u; }
-    return min(p[4], i + p[4] + 1u - p[3]);
+    if (params.causal == 0u) { return params.k_len; }
+    if (i + params.k_len + 1u <= params.q_len) { return 0u; }
+    return min(params.k_len, i + params.k_len + 1u - params.q_len);
 }
 
 // Element offsets of the first key and value rows of batch `b`, key/value head `g`, and of
 // the (batch, query head) pair `bh`.
-fn k_at(b: u32, g: u32) -> u32 { return o(2u) + b * p[10] + g * p[9]; }
-fn v_at(b: u32, g: u32) -> u32 { return o(3u) + b * p[12] + g * p[11]; }
-fn k_base(bh: u32) -> u32 { return k_at(bh / p[1], (bh % p[1]) / (p[1] / p[2])); }
-fn v_base(bh: u32) -> u32 { return v_at(bh / p[1], (bh % p[1]) / (p[1] / p[2])); }
+fn k_at(b: u32, g: u32) -> u32 { return o(2u) + b * params.k_batch_stride + g * params.k_head_stride; }
+fn v_at(b: u32, g: u32) -> u32 { return o(3u) + b * params.v_batch_stride + g * params.v_head_stride; }
+fn k_base(bh: u32) -> u32 { return k_at(bh / params.heads, (bh % params.heads) / (params.heads / params.kv_heads)); }
+fn v_base(bh: u32) -> u32 { return v_at(bh / params.heads, (bh % params.heads) / (params.heads / params.kv_heads)); }
 
 HELPERS
 
@@ -42,10 +40,10 @@ HELPERS
 // of exp(s - m) and the weighted sum of values are rescaled only when the maximum grows.
 @compute @workgroup_size(ROWS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tq = p[3];
+    let tq = params.q_len;
     let blocks = (tq + ROWS - 1u) / ROWS;
-    let scale = pf(8u);
-    for (var t = group_index(wid, nwg); t < p[0] * p[1] * blocks; t += group_count(nwg)) {
+    let scale = params.scale;
+    for (var t = group_index(wid, nwg); t < params.batch * params.heads * blocks; t += group_count(nwg)) {
         let bh = t / blocks;
         let i0 = (t % blocks) * ROWS;
         let i = i0 + lid;
@@ -110,18 +108,18 @@ var<workgroup> parts: array<f32, 1024>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0] * p[1] * p[3];
-    let splits = p[13];
-    let dk = p[5];
-    let dv = p[6];
+    let rows = params.batch * params.heads * params.q_len;
+    let splits = params.splits;
+    let dk = params.k_dim;
+    let dv = params.v_dim;
     for (var t = group_index(wid, nwg); t < rows * splits; t += group_count(nwg)) {
         let row = t / splits;
-        let first = (t % splits) * p[14];
-        let end = min(first + p[14], visible(row % p[3]));
-        let kb = k_base(row / p[3]);
-        let vb = v_base(row / p[3]);
+        let first = (t % splits) * params.keys_per_split;
+        let end = min(first + params.keys_per_split, visible(row % params.q_len));
+        let kb = k_base(row / params.q_len);
+        let vb = v_base(row / params.q_len);
         workgroupBarrier();
-        if (lid < dk) { qs[lid] = pf(8u) * ld1(o(1u) + row * dk + lid); }
+        if (lid < dk) { qs[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
         workgroupBarrier();
         var acc = 0.0;
         var m = -inf();
@@ -176,9 +174,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // Bindings as forward_rows.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let rows = p[0] * p[1] * p[3];
-    let splits = p[13];
-    let dv = p[6];
+    let rows = params.batch * params.heads * params.q_len;
+    let splits = params.splits;
+    let dv = params.v_dim;
     let pairs = o(6u) + rows * splits * dv;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let t0 = row * splits;
@@ -204,8 +202,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel delta
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let rows = p[0] * p[1] * p[3];
-    let dv = p[6];
+    let rows = params.batch * params.heads * params.q_len;
+    let dv = params.v_dim;
     let step = group_count(nwg) * WG;
     for (var row = group_index(wid, nwg) * WG + lid; row < rows; row += step) {
         var s = 0.0;
@@ -219,10 +217,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // P_ij = exp(s_ij - lse_i) and dP_ij = dout_i . v_j.
 @compute @workgroup_size(ROWS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tq = p[3];
+    let tq = params.q_len;
     let blocks = (tq + ROWS - 1u) / ROWS;
-    let scale = pf(8u);
-    for (var t = group_index(wid, nwg); t < p[0] * p[1] * blocks; t += group_count(nwg)) {
+    let scale = params.scale;
+    for (var t = group_index(wid, nwg); t < params.batch * params.heads * blocks; t += group_count(nwg)) {
         let bh = t / blocks;
         let i0 = (t % blocks) * ROWS;
         let i = i0 + lid;
@@ -274,20 +272,20 @@ fn fill_rows(row0: u32, cnt: u32, lid: u32) {
 
 @compute @workgroup_size(ROWS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tq = p[3];
-    let tk = p[4];
-    let causal = p[7] != 0u;
+    let tq = params.q_len;
+    let tk = params.k_len;
+    let causal = params.causal != 0u;
     let blocks = (tk + ROWS - 1u) / ROWS;
-    let group = p[1] / p[2];
-    let scale = pf(8u);
-    for (var t = group_index(wid, nwg); t < p[0] * p[2] * blocks; t += group_count(nwg)) {
+    let group = params.heads / params.kv_heads;
+    let scale = params.scale;
+    for (var t = group_index(wid, nwg); t < params.batch * params.kv_heads * blocks; t += group_count(nwg)) {
         let bg = t / blocks;
         let j0 = (t % blocks) * ROWS;
         let j = j0 + lid;
         let live = j < tk;
         let kr = bg * tk + min(j, tk - 1u);
-        let b = bg / p[2];
-        let g = bg % p[2];
+        let b = bg / params.kv_heads;
+        let g = bg % params.kv_heads;
         // Query i sees key j when i + Tk >= j + Tq: the block's first query, and this row's.
         var first = 0u;
         if (causal && j0 + tq > tk) { first = j0 + tq - tk; }
@@ -298,7 +296,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         LOAD_REGS
         ZERO_ACC
         for (var hh = 0u; hh < group; hh++) {
-            let qrow0 = (b * p[1] + g * group + hh) * tq;
+            let qrow0 = (b * params.heads + g * group + hh) * tq;
             for (var i0 = first; i0 < tq; i0 += tile()) {
                 let cnt = min(tile(), tq - i0);
                 workgroupBarrier();

@@ -1,10 +1,8 @@
-// Helpers every kernel gets. `p` is the launch's parameter block (u32 words, f32 scalars as
-// their bits), declared before this file: immediates, or a window of the submission's
-// parameter buffer.
+// Helpers every kernel gets. The launch's parameter block, `params` (declared before this
+// file: immediates, or a window of the submission's parameter buffer), is the kernel's own.
 
 const WG: u32 = 256u;
 
-fn pf(i: u32) -> f32 { return bitcast<f32>(p[i]); }
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
 fn inf() -> f32 { return bitcast<f32>(0x7f800000u); }
 // NaN test on the bits, immune to compilers that assume finite math.
@@ -13,18 +11,6 @@ fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u
 // The flat index of a workgroup in a 2-D grid, and the number of workgroups.
 fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.x + wid.y * nwg.x; }
 fn group_count(nwg: vec3<u32>) -> u32 { return nwg.x * nwg.y; }
-
-// Offset of row-major element `i` of a tensor of `rank` dims, shape at p[sh..], strides at p[st..].
-fn strided(i: u32, rank: u32, sh: u32, st: u32) -> u32 {
-    var rem = i;
-    var off = 0u;
-    for (var d = rank; d > 0u; d--) {
-        let s = p[sh + d - 1u];
-        off += (rem % s) * p[st + d - 1u];
-        rem /= s;
-    }
-    return off;
-}
 
 // Float to integer as `Cast` defines it: truncate toward zero, saturate, NaN to 0.
 fn f2i(v: f32) -> i32 {

@@ -1,68 +1,66 @@
 // im2col and col2im for conv2d (which then runs as matmuls), over a part of the columns.
-// Parameters: p[0] images N, p[1] C, p[2] H, p[3] W, p[4] KH, p[5] KW, p[6] OH, p[7] OW,
-// p[8..10] stride, p[10..12] padding, p[12..14] dilation; the part: p[14] first channel,
-// p[15] channels CP, p[16] first output position, p[17] positions LP; binding offsets from
-// p[18]. Columns of a part are [N, CP*KH*KW, LP].
+// Parameters: `Im2colParams` (conv.rs). Columns of a part are [N, CP*KH*KW, LP] for its
+// `part_channels` CP from `first_channel` and `part_positions` LP from `first_position`.
 
-fn o(k: u32) -> u32 { return p[17u + k]; }
+fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
 // @kernel im2col
 // Bindings: 1 x [N, C, H, W], 2 the part's columns.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let lp = p[17];
-    let kk = p[4] * p[5];
-    let rows = p[15] * kk;
-    let total = p[0] * rows * lp;
+    let lp = params.part_positions;
+    let kk = params.kernel_h * params.kernel_w;
+    let rows = params.part_channels * kk;
+    let total = params.images * rows * lp;
     let step = group_count(nwg) * WG;
     for (var e = group_index(wid, nwg) * WG + lid; e < total; e += step) {
-        let li = p[16] + e % lp;
+        let li = params.first_position + e % lp;
         let r = (e / lp) % rows;
         let n = e / (lp * rows);
-        let c = p[14] + r / kk;
-        let kh = (r / p[5]) % p[4];
-        let kw = r % p[5];
-        let h = i32((li / p[7]) * p[8] + kh * p[12]) - i32(p[10]);
-        let w = i32((li % p[7]) * p[9] + kw * p[13]) - i32(p[11]);
+        let c = params.first_channel + r / kk;
+        let kh = (r / params.kernel_w) % params.kernel_h;
+        let kw = r % params.kernel_w;
+        let h = i32((li / params.out_w) * params.stride[0] + kh * params.dilation[0]) - i32(params.padding[0]);
+        let w = i32((li % params.out_w) * params.stride[1] + kw * params.dilation[1]) - i32(params.padding[1]);
         var v = 0.0;
-        if (h >= 0 && w >= 0 && u32(h) < p[2] && u32(w) < p[3]) {
-            v = ld1(o(1u) + ((n * p[1] + c) * p[2] + u32(h)) * p[3] + u32(w));
+        if (h >= 0 && w >= 0 && u32(h) < params.height && u32(w) < params.width) {
+            v = ld1(o(1u) + ((n * params.channels + c) * params.height + u32(h)) * params.width + u32(w));
         }
         st2(o(2u) + e, v);
     }
 }
 
 // @kernel col2im
-// Bindings: 1 the part's columns (all positions: p[16] 0, LP = OH*OW), 2 dx [N, C, H, W], of
+// Bindings: 1 the part's columns (all positions: `first_position` 0, LP = OH*OW), 2 dx [N, C, H, W], of
 // which the part's channels are written. Each input element sums the column entries it fed,
 // in a fixed order.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let l = p[6] * p[7];
-    let cp = p[15];
-    let rows = cp * p[4] * p[5];
-    let total = p[0] * cp * p[2] * p[3];
+    let l = params.out_h * params.out_w;
+    let cp = params.part_channels;
+    let rows = cp * params.kernel_h * params.kernel_w;
+    let total = params.images * cp * params.height * params.width;
     let step = group_count(nwg) * WG;
     for (var e = group_index(wid, nwg) * WG + lid; e < total; e += step) {
-        let w = e % p[3];
-        let h = (e / p[3]) % p[2];
-        let cl = (e / (p[3] * p[2])) % cp;
-        let n = e / (p[3] * p[2] * cp);
+        let w = e % params.width;
+        let h = (e / params.width) % params.height;
+        let cl = (e / (params.width * params.height)) % cp;
+        let n = e / (params.width * params.height * cp);
         var s = 0.0;
-        for (var kh = 0u; kh < p[4]; kh++) {
-            let th = i32(h + p[10]) - i32(kh * p[12]);
-            if (th < 0 || u32(th) % p[8] != 0u) { continue; }
-            let oh = u32(th) / p[8];
-            if (oh >= p[6]) { continue; }
-            for (var kw = 0u; kw < p[5]; kw++) {
-                let tw = i32(w + p[11]) - i32(kw * p[13]);
-                if (tw < 0 || u32(tw) % p[9] != 0u) { continue; }
-                let ow = u32(tw) / p[9];
-                if (ow >= p[7]) { continue; }
-                let r = (cl * p[4] + kh) * p[5] + kw;
-                s += ld1(o(1u) + (n * rows + r) * l + oh * p[7] + ow);
+        for (var kh = 0u; kh < params.kernel_h; kh++) {
+            let th = i32(h + params.padding[0]) - i32(kh * params.dilation[0]);
+            if (th < 0 || u32(th) % params.stride[0] != 0u) { continue; }
+            let oh = u32(th) / params.stride[0];
+            if (oh >= params.out_h) { continue; }
+            for (var kw = 0u; kw < params.kernel_w; kw++) {
+                let tw = i32(w + params.padding[1]) - i32(kw * params.dilation[1]);
+                if (tw < 0 || u32(tw) % params.stride[1] != 0u) { continue; }
+                let ow = u32(tw) / params.stride[1];
+                if (ow >= params.out_w) { continue; }
+                let r = (cl * params.kernel_h + kh) * params.kernel_w + kw;
+                s += ld1(o(1u) + (n * rows + r) * l + oh * params.out_w + ow);
             }
         }
-        st2(o(2u) + ((n * p[1] + p[14] + cl) * p[2] + h) * p[3] + w, s);
+        st2(o(2u) + ((n * params.channels + params.first_channel + cl) * params.height + h) * params.width + w, s);
     }
 }

@@ -1,15 +1,15 @@
 // Fused cross-entropy over rows of any length: a workgroup per row, max-subtracted
-// log-sum-exp. Parameters: p[0] rows, p[1] vocabulary V, then binding offsets from p[2].
+// log-sum-exp. Parameters: `LossParams` (loss.rs).
 
-fn o(k: u32) -> u32 { return p[1u + k]; }
+fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
 // @kernel cross_entropy
 // Bindings: 1 logits, 2 targets, 3 loss, 4 lse.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let v = p[1];
+    let rows = params.rows;
+    let v = params.vocab;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let x0 = o(1u) + row * v;
         var m = -inf();
@@ -32,8 +32,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // Bindings: 1 logits, 2 targets, 3 lse, 4 dloss, 5 dlogits. A thread per element.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = p[0] * p[1];
-    let v = p[1];
+    let n = params.rows * params.vocab;
+    let v = params.vocab;
     let step = group_count(nwg) * WG;
     for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
         let row = e / v;

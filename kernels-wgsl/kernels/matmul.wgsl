@@ -1,12 +1,9 @@
 // Batched matmul with epilogue, register-blocked: a 128x128 output tile per 256-thread
 // workgroup, 8x8 outputs per thread, K in steps of 8 through double-buffered workgroup memory.
 // Operands are read in place through their strides (transposed and broadcast views included).
-// Parameters: p[0] M, p[1] N, p[2] K, p[3] batch, p[4] batch rank BR,
-// p[5] a offset, p[6] a row stride, p[7] a k stride, p[8] b offset, p[9] b k stride,
-// p[10] b column stride, p[11] bias offset, p[12] bias stride, p[13] residual offset,
-// p[14] residual row stride, p[15] residual column stride, p[16] output offset,
-// then batch shape, a, b and residual batch strides (BR each), then the split-K count S and
-// the k per split (see sum_splits), then the epilogue's activation (see `activate`).
+// Parameters: `MatmulParams` (matmul.rs): sizes, each operand's offset and strides (batch
+// strides per batch dimension, merged where every operand allows), the split-K count and the
+// k per split (see sum_splits), and the epilogue's activation (see `activate`).
 //
 // Each thread owns rows 4*tr..4*tr+3 and 64+4*tr..64+4*tr+3 of the tile and the same pattern
 // of columns in tc, so one k costs it four vec4 reads of workgroup memory for 64 FMAs, and the
@@ -140,12 +137,27 @@ fn step(acc: ptr<function, Acc>, buf: u32, tr: u32, tc: u32) {
     mac(acc, buf, 7u, tr, tc);
 }
 
+// Offsets of batch `z` (row-major over the batch dimensions) in a (x), b (y) and the
+// residual (z).
+fn batch_offsets(z: u32) -> vec3<u32> {
+    var rem = z;
+    var off = vec3<u32>(0u);
+    for (var d = params.batch_rank; d > 0u; d--) {
+        let s = params.batch_shape[d - 1u];
+        let a = params.a_batch_strides[d - 1u];
+        let strides = vec3<u32>(a, params.b_batch_strides[d - 1u], params.res_batch_strides[d - 1u]);
+        off += (rem % s) * strides;
+        rem /= s;
+    }
+    return off;
+}
+
 // The epilogue's activation, a parameter rather than code so that one kernel serves them all:
 // 0 none, 1 ReLU, 2 GELU, 3 SiLU. A uniform branch per output costs nothing beside the
 // products, and drivers that compile each kernel when it first runs (LLVM, in lavapipe) compile
 // a quarter as many.
 fn activate(v: f32) -> f32 {
-    switch p[19u + 4u * p[4]] {
+    switch params.activation {
         case 1u: { return relu(v); }
         case 2u: { return gelu(v); }
         case 3u: { return silu(v); }
@@ -171,15 +183,14 @@ fn put4(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, v: vec4<f32>
 // @kernel matmul
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let m = p[0];
-    let n = p[1];
-    let batch = p[3];
-    let br = p[4];
-    let sam = p[6];
-    let sak = p[7];
-    let sbk = p[9];
-    let sbn = p[10];
-    let splits = p[17u + 4u * br];
+    let m = params.m;
+    let n = params.n;
+    let batch = params.batch;
+    let sam = params.a_row_stride;
+    let sak = params.a_k_stride;
+    let sbk = params.b_k_stride;
+    let sbn = params.b_col_stride;
+    let splits = params.splits;
     let tiles_m = (m + 127u) / 128u;
     let tiles_n = (n + 127u) / 128u;
     let tr = lid / 16u;
@@ -190,13 +201,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // is the partial sums [batch, S, M, N].
     for (var z = wid.z; z < batch * splits; z += nwg.z) {
         let zb = z / splits;
-        let k0 = (z % splits) * p[18u + 4u * br];
-        let k = min(p[18u + 4u * br], p[2] - k0);
+        let k0 = (z % splits) * params.k_per_split;
+        let k = min(params.k_per_split, params.k - k0);
         let steps = (k + TK - 1u) / TK;
-        let a_base = p[5] + strided(zb, br, 17u, 17u + br) + k0 * sak;
-        let b_base = p[8] + strided(zb, br, 17u, 17u + 2u * br) + k0 * sbk;
-        let r_base = p[13] + strided(zb, br, 17u, 17u + 3u * br);
-        let o_base = p[16] + z * m * n;
+        let zo = batch_offsets(zb);
+        let a_base = params.a_offset + zo.x + k0 * sak;
+        let b_base = params.b_offset + zo.y + k0 * sbk;
+        let r_base = params.res_offset + zo.z;
+        let o_base = params.out_offset + z * m * n;
         for (var ty = wid.y; ty < tiles_m; ty += nwg.y) {
             for (var tx = wid.x; tx < tiles_n; tx += nwg.x) {
                 let m0 = ty * 128u;
@@ -254,21 +266,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // instead of `a` (binding 2 unused).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let m = p[0];
-    let n = p[1];
-    let br = p[4];
-    let splits = p[17u + 4u * br];
+    let m = params.m;
+    let n = params.n;
+    let splits = params.splits;
     let mn = m * n;
     let step = group_count(nwg) * WG;
-    for (var e = group_index(wid, nwg) * WG + lid; e < p[3] * mn; e += step) {
+    for (var e = group_index(wid, nwg) * WG + lid; e < params.batch * mn; e += step) {
         let z = e / mn;
         let gm = (e % mn) / n;
         let gn = e % n;
-        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
+        let r_base = params.res_offset + batch_offsets(z).z;
         var v = 0.0;
-        for (var s = 0u; s < splits; s++) { v += ld1(p[5] + (z * splits + s) * mn + e % mn); }
+        for (var s = 0u; s < splits; s++) { v += ld1(params.a_offset + (z * splits + s) * mn + e % mn); }
         EPILOGUE
-        STORE(p[16] + e, v);
+        STORE(params.out_offset + e, v);
     }
 }
 
@@ -284,22 +295,22 @@ const COLS: u32 = 256u / LANES;
 var<workgroup> part: array<f32, PARTS>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let m = p[0];
-    let n = p[1];
-    let k = p[2];
-    let batch = p[3];
-    let br = p[4];
-    let sam = p[6];
-    let sak = p[7];
-    let sbk = p[9];
-    let sbn = p[10];
+    let m = params.m;
+    let n = params.n;
+    let k = params.k;
+    let batch = params.batch;
+    let sam = params.a_row_stride;
+    let sak = params.a_k_stride;
+    let sbk = params.b_k_stride;
+    let sbn = params.b_col_stride;
     let lane = lid % LANES;
     let col = lid / LANES;
     for (var z = wid.z; z < batch; z += nwg.z) {
-        let a_base = p[5] + strided(z, br, 17u, 17u + br);
-        let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
-        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
-        let o_base = p[16] + z * m * n;
+        let zo = batch_offsets(z);
+        let a_base = params.a_offset + zo.x;
+        let b_base = params.b_offset + zo.y;
+        let r_base = params.res_offset + zo.z;
+        let o_base = params.out_offset + z * m * n;
         for (var n0 = wid.x * COLS; n0 < n; n0 += nwg.x * COLS) {
             let gn = n0 + col;
             let bn = b_base + min(gn, n - 1u) * sbn;
@@ -349,22 +360,22 @@ const COLS: u32 = 256u / KLANES;
 var<workgroup> part: array<f32, PARTS>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let m = p[0];
-    let n = p[1];
-    let k = p[2];
-    let batch = p[3];
-    let br = p[4];
-    let sam = p[6];
-    let sak = p[7];
-    let sbk = p[9];
-    let sbn = p[10];
+    let m = params.m;
+    let n = params.n;
+    let k = params.k;
+    let batch = params.batch;
+    let sam = params.a_row_stride;
+    let sak = params.a_k_stride;
+    let sbk = params.b_k_stride;
+    let sbn = params.b_col_stride;
     let col = lid % COLS;
     let lane = lid / COLS;
     for (var z = wid.z; z < batch; z += nwg.z) {
-        let a_base = p[5] + strided(z, br, 17u, 17u + br);
-        let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
-        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
-        let o_base = p[16] + z * m * n;
+        let zo = batch_offsets(z);
+        let a_base = params.a_offset + zo.x;
+        let b_base = params.b_offset + zo.y;
+        let r_base = params.res_offset + zo.z;
+        let o_base = params.out_offset + z * m * n;
         for (var n0 = wid.x * COLS; n0 < n; n0 += nwg.x * COLS) {
             let gn = n0 + col;
             ZERO
@@ -420,14 +431,14 @@ fn elem_a(e: u32, m: u32, k: u32, m0: u32, k0: u32, a_base: u32) -> f16 {
     let r = A_AT(e);
     let gm = m0 + r.x;
     let gk = k0 + r.y;
-    let v = ld1(a_base + min(gm, m - 1u) * p[6] + min(gk, k - 1u) * p[7]);
+    let v = ld1(a_base + min(gm, m - 1u) * params.a_row_stride + min(gk, k - 1u) * params.a_k_stride);
     return f16(select(0.0, v, gm < m && gk < k));
 }
 fn elem_b(e: u32, n: u32, k: u32, n0: u32, k0: u32, b_base: u32) -> f16 {
     let r = B_AT(e);
     let gn = n0 + r.x;
     let gk = k0 + r.y;
-    let v = ld2(b_base + min(gn, n - 1u) * p[10] + min(gk, k - 1u) * p[9]);
+    let v = ld2(b_base + min(gn, n - 1u) * params.b_col_stride + min(gk, k - 1u) * params.b_k_stride);
     return f16(select(0.0, v, gn < n && gk < k));
 }
 fn put_a(e: u32, v: f16) {
@@ -451,20 +462,20 @@ fn finish(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, m: u32, n: u32, gm0: u
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let m = p[0];
-    let n = p[1];
-    let k = p[2];
-    let batch = p[3];
-    let br = p[4];
+    let m = params.m;
+    let n = params.n;
+    let k = params.k;
+    let batch = params.batch;
     let tiles_m = (m + 127u) / 128u;
     let tiles_n = (n + 127u) / 128u;
     let rm = (sg / 4u) * 64u;
     let rn = (sg % 4u) * 32u;
     for (var z = wid.z; z < batch; z += nwg.z) {
-        let a_base = p[5] + strided(z, br, 17u, 17u + br);
-        let b_base = p[8] + strided(z, br, 17u, 17u + 2u * br);
-        let r_base = p[13] + strided(z, br, 17u, 17u + 3u * br);
-        let o_base = p[16] + z * m * n;
+        let zo = batch_offsets(z);
+        let a_base = params.a_offset + zo.x;
+        let b_base = params.b_offset + zo.y;
+        let r_base = params.res_offset + zo.z;
+        let o_base = params.out_offset + z * m * n;
         for (var ty = wid.y; ty < tiles_m; ty += nwg.y) {
             for (var tx = wid.x; tx < tiles_n; tx += nwg.x) {
                 let m0 = ty * 128u;

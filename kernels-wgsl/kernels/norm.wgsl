@@ -1,18 +1,17 @@
 // Layer norm and RMS norm over rows, forward and backward; a workgroup per row, tree sums.
 // The weight gradients are summed over rows by a workgroup per column, in a fixed order.
-// Parameters: p[0] rows, p[1] row length N, p[2] eps, then the element offsets of every
-// binding in order from p[3].
+// Parameters: `NormParams` (norm.rs).
 
-fn o(k: u32) -> u32 { return p[2u + k]; }
+fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
 // @kernel layer_norm
 // Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
-    let eps = pf(2u);
+    let rows = params.rows;
+    let n = params.row_len;
+    let eps = params.eps;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let x0 = o(1u) + row * n;
         var s = 0.0;
@@ -36,9 +35,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
-    let eps = pf(2u);
+    let rows = params.rows;
+    let n = params.row_len;
+    let eps = params.eps;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let x0 = o(1u) + row * n;
         var q = 0.0;
@@ -58,8 +57,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
+    let rows = params.rows;
+    let n = params.row_len;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let x0 = o(1u) + row * n;
         let d0 = o(5u) + row * n;
@@ -86,8 +85,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
+    let rows = params.rows;
+    let n = params.row_len;
     for (var c = group_index(wid, nwg); c < n; c += group_count(nwg)) {
         var sw = 0.0;
         var sb = 0.0;
@@ -110,8 +109,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
+    let rows = params.rows;
+    let n = params.row_len;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let x0 = o(1u) + row * n;
         let d0 = o(4u) + row * n;
@@ -133,8 +132,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
+    let rows = params.rows;
+    let n = params.row_len;
     for (var c = group_index(wid, nwg); c < n; c += group_count(nwg)) {
         var sw = 0.0;
         for (var r = lid; r < rows; r += WG) {

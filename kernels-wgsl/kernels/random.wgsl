@@ -1,6 +1,8 @@
 // Creation and random ops over a row-major output, one thread per element.
-// Parameters: p[0] element count, p[1] output offset, p[2..] the op's values, then (arange,
-// uniform, normal) the index of the output's first element in the whole tensor.
+// Parameters: `FillParams`, `ArangeParams`, `RandomParams` (random.rs); `first` is the index
+// of the output's first element in the whole tensor (a part of a tensor past one binding).
+
+fn out_at(i: u32) -> u32 { return params.offsets[0] + i; }
 
 // High and low words of a 32x32-bit product.
 fn mulhilo(a: u32, b: u32) -> vec2<u32> {
@@ -44,10 +46,10 @@ fn neg_log_unit(u: f32) -> f32 {
 // @kernel fill
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = p[0];
+    let n = params.elements;
     let step = group_count(nwg) * WG;
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        stn1(p[1] + i, FILL_VALUE);
+        stn1(out_at(i), FILL_VALUE);
     }
 }
 
@@ -57,14 +59,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // exactly for integer outputs.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = p[0];
+    let n = params.elements;
     let step = group_count(nwg) * WG;
-    let a_hi = pf(2u);
-    let a_lo = pf(3u);
-    let d_hi = pf(4u);
-    let d_lo = pf(5u);
+    let a_hi = params.start_hi;
+    let a_lo = params.start_lo;
+    let d_hi = params.step_hi;
+    let d_lo = params.step_lo;
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        let g = p[6] + i;
+        let g = params.first + i;
         let ih = f32(g & 0xfffff000u);
         let il = f32(g & 0xfffu);
         let ph = ih * d_hi;
@@ -85,29 +87,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel uniform
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = p[0];
+    let n = params.elements;
     let step = group_count(nwg) * WG;
-    let key = vec2<u32>(p[2], p[3]);
-    let lo = pf(6u);
-    let hi = pf(7u);
+    let key = vec2<u32>(params.key[0], params.key[1]);
+    let lo = params.a;
+    let hi = params.b;
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        let w = philox(vec4<u32>(p[8] + i, 0u, p[4], p[5]), key);
-        st1(p[1] + i, lo + (hi - lo) * (f32(w.x >> 8u) * 5.9604644775390625e-8));
+        let w = philox(vec4<u32>(params.first + i, 0u, params.stream[0], params.stream[1]), key);
+        st1(out_at(i), lo + (hi - lo) * (f32(w.x >> 8u) * 5.9604644775390625e-8));
     }
 }
 
 // @kernel normal
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = p[0];
+    let n = params.elements;
     let step = group_count(nwg) * WG;
-    let key = vec2<u32>(p[2], p[3]);
-    let mean = pf(6u);
-    let sd = pf(7u);
+    let key = vec2<u32>(params.key[0], params.key[1]);
+    let mean = params.a;
+    let sd = params.b;
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
-        let w = philox(vec4<u32>(p[8] + i, 0u, p[4], p[5]), key);
+        let w = philox(vec4<u32>(params.first + i, 0u, params.stream[0], params.stream[1]), key);
         let u1 = f32((w.x >> 8u) + 1u) * 5.9604644775390625e-8;
         let u2 = f32(w.y >> 8u) * 5.9604644775390625e-8;
-        st1(p[1] + i, mean + sd * sqrt(2.0 * neg_log_unit(u1)) * -cos(6.2831854820251465 * (u2 - 0.5)));
+        st1(out_at(i), mean + sd * sqrt(2.0 * neg_log_unit(u1)) * -cos(6.2831854820251465 * (u2 - 0.5)));
     }
 }

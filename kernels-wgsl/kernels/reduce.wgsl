@@ -1,13 +1,31 @@
 // Reductions over any axes, argmax, and softmax over rows.
-// Reduce parameters: p[0] outputs, p[1] reduced count, p[2] kept rank K, p[3] reduced rank R,
-// p[4] input offset, p[5] output offset, then kept shape, kept strides, reduced shape,
-// reduced strides (input strides).
+// Parameters: `ReduceParams` (reduce.rs). Reductions and argmax: `rows` outputs, each over
+// `row_len` elements, the input's kept and reduced dimensions (merged where they allow) and,
+// for argmax, the index of the first reduced element in the whole op (`first`). Softmax:
+// `rows` rows of `row_len`.
 
-fn in_at(o: u32, r: u32) -> u32 {
-    let k = p[2];
-    let rr = p[3];
-    return p[4] + strided(o, k, 6u, 6u + k) + strided(r, rr, 6u + 2u * k, 6u + 2u * k + rr);
+// Input offsets of row-major element `i` of the kept and of the reduced dimensions.
+fn kept_offset(i: u32) -> u32 {
+    var rem = i;
+    var off = 0u;
+    for (var d = params.kept_rank; d > 0u; d--) {
+        let s = params.kept_shape[d - 1u];
+        off += (rem % s) * params.kept_strides[d - 1u];
+        rem /= s;
+    }
+    return off;
 }
+fn reduced_offset(i: u32) -> u32 {
+    var rem = i;
+    var off = 0u;
+    for (var d = params.reduced_rank; d > 0u; d--) {
+        let s = params.reduced_shape[d - 1u];
+        off += (rem % s) * params.reduced_strides[d - 1u];
+        rem /= s;
+    }
+    return off;
+}
+fn in_at(row: u32, r: u32) -> u32 { return params.offsets[0] + kept_offset(row) + reduced_offset(r); }
 
 var<workgroup> idx: array<u32, 256>;
 
@@ -15,7 +33,7 @@ var<workgroup> idx: array<u32, 256>;
 // one run (one reduced dim): element r is at `base + r * stride`. The loops over them read
 // four elements per step, issued together, so the loads' latency overlaps (a lone workgroup
 // reducing a long row, as argmax over a vocabulary when decoding, waits on memory otherwise).
-fn run_stride() -> u32 { return p[6u + 2u * p[2] + 1u]; }
+fn run_stride() -> u32 { return params.reduced_strides[0]; }
 // Elements r, r + WG, r + 2 WG and r + 3 WG of the run at `base` with stride `rs`.
 fn run4(base: u32, rs: u32, r: u32) -> vec4<f32> {
     return vec4<f32>(ld1(base + r * rs), ld1(base + (r + WG) * rs), ld1(base + (r + 2u * WG) * rs), ld1(base + (r + 3u * WG) * rs));
@@ -35,12 +53,12 @@ fn better(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
 // @kernel reduce_group
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let nout = p[0];
-    let nred = p[1];
+    let nout = params.rows;
+    let nred = params.row_len;
     for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
         var acc = INIT;
         var r = lid;
-        if (p[3] == 1u) {
+        if (params.reduced_rank == 1u) {
             let base = in_at(o, 0u);
             let rs = run_stride();
             for (; r + 3u * WG < nred; r += 4u * WG) {
@@ -68,7 +86,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         if (lid == 0u) {
             let v = red[0];
-            st2(p[5] + o, FINISH);
+            st2(params.offsets[1] + o, FINISH);
         }
         workgroupBarrier();
     }
@@ -77,8 +95,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel reduce_thread
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let nout = p[0];
-    let nred = p[1];
+    let nout = params.rows;
+    let nred = params.row_len;
     let step = group_count(nwg) * WG;
     for (var o = group_index(wid, nwg) * WG + lid; o < nout; o += step) {
         var acc = INIT;
@@ -88,22 +106,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc = COMBINE;
         }
         let v = acc;
-        st2(p[5] + o, FINISH);
+        st2(params.offsets[1] + o, FINISH);
     }
 }
 
 // @kernel argmax
-// After the shapes and strides: the index of the first reduced element (a part of a reduced
-// extent that runs over windows).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let nout = p[0];
-    let nred = p[1];
+    let nout = params.rows;
+    let nred = params.row_len;
     for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
         var bv = ld1(in_at(o, 0u));
         var bi = 0u;
         var r = lid;
-        if (p[3] == 1u) {
+        if (params.reduced_rank == 1u) {
             let base = in_at(o, 0u);
             let rs = run_stride();
             for (; r + 3u * WG < nred; r += 4u * WG) {
@@ -129,23 +145,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             workgroupBarrier();
         }
         if (lid == 0u) {
-            stn2(p[5] + o, i32(idx[0] + p[6u + 2u * (p[2] + p[3])]));
+            stn2(params.offsets[1] + o, i32(idx[0] + params.first));
         }
         workgroupBarrier();
     }
 }
 
-// Row kernels: p[0] rows, p[1] row length, p[2] x (or y) offset, p[3] dy offset, p[4] out offset.
-
 // @kernel softmax
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
+    let rows = params.rows;
+    let n = params.row_len;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
-        let x0 = p[2] + row * n;
-        let y0 = p[4] + row * n;
+        let x0 = params.offsets[0] + row * n;
+        let y0 = params.offsets[1] + row * n;
         var m = -inf();
         for (var j = lid; j < n; j += WG) { m = max_nan(m, ld1(x0 + j)); }
         m = wg_max(m, lid);
@@ -164,12 +178,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
-    let rows = p[0];
-    let n = p[1];
+    let rows = params.rows;
+    let n = params.row_len;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
-        let y0 = p[2] + row * n;
-        let d0 = p[3] + row * n;
-        let o0 = p[4] + row * n;
+        let y0 = params.offsets[0] + row * n;
+        let d0 = params.offsets[1] + row * n;
+        let o0 = params.offsets[2] + row * n;
         var s = 0.0;
         for (var j = lid; j < n; j += WG) {
             let y = ld1(y0 + j);

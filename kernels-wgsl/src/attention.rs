@@ -10,10 +10,52 @@
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::gpu::Gpu;
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/attention.wgsl");
 const ROTARY: &str = include_str!("../kernels/rotary.wgsl");
+
+/// Bindings of attention's backward: q, k, v, out, lse, dout, dq, dk, dv and a scratch row.
+const ATTENTION_BINDINGS: usize = 10;
+
+param_block! {
+    /// Attention's parameters: `batch` x `heads` query heads of `q_len` rows, `kv_heads` key
+    /// and value heads of `k_len` rows, head sizes `k_dim` and `v_dim`, the strides of k's and
+    /// v's heads and batches, forward_rows' key `splits` of `keys_per_split`, and the `tile`
+    /// of streamed rows.
+    AttentionParams {
+        batch: u32,
+        heads: u32,
+        kv_heads: u32,
+        q_len: u32,
+        k_len: u32,
+        k_dim: u32,
+        v_dim: u32,
+        /// 1 where key j is visible to query i only when j + q_len <= i + k_len.
+        causal: u32,
+        scale: f32,
+        k_head_stride: u32,
+        k_batch_stride: u32,
+        v_head_stride: u32,
+        v_batch_stride: u32,
+        splits: u32,
+        keys_per_split: u32,
+        tile: u32,
+        offsets: [u32; ATTENTION_BINDINGS],
+    }
+}
+
+param_block! {
+    /// Rotary embedding's parameters: `x` of `elements` in rows of `head_size`, `positions`
+    /// rows per sequence (the tables' rows).
+    RotaryParams {
+        elements: u32,
+        positions: u32,
+        head_size: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 /// Query (or key) rows per workgroup: one thread each.
 const ROWS: usize = 128;
@@ -46,8 +88,11 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups_for(n),
-                |o, p| {
-                    p.u(n).u(x[r - 2]).u(x[r - 1]).all(o);
+                |o| RotaryParams {
+                    elements: n as u32,
+                    positions: x[r - 2] as u32,
+                    head_size: x[r - 1] as u32,
+                    offsets: offsets(o),
                 },
             )
         }
@@ -57,19 +102,9 @@ pub(crate) fn launch(
                 &inputs[1].layout.shape,
                 &inputs[2].layout.shape,
             );
-            let dims = [
-                q[0],
-                q[1],
-                kk[1],
-                q[2],
-                kk[2],
-                q[3],
-                v[3],
-                usize::from(*causal),
-            ];
             let backward = matches!(op, Op::AttentionBackward { .. });
             let head = Head::new(gpu, op, q[3], v[3], backward)?;
-            // Causal masking is a parameter (p[7]): both kinds share their kernels.
+            // Causal masking is a parameter: both kinds share their kernels.
             let shared_op = if backward {
                 Op::AttentionBackward { causal: false }
             } else {
@@ -78,16 +113,25 @@ pub(crate) fn launch(
             let (ks, vs) = (&inputs[1].layout.strides, &inputs[2].layout.strides);
             let rows = q[0] * q[1] * q[2];
             let (splits, chunk) = key_splits(rows, kk[2]);
-            let params = |o: &[usize], p: &mut crate::source::Params| {
-                p.all(&dims).f(s[0]);
-                p.u(ks[1])
-                    .u(ks[0])
-                    .u(vs[1])
-                    .u(vs[0])
-                    .u(splits)
-                    .u(chunk)
-                    .u(head.tile)
-                    .all(o);
+            let u = |v: usize| v as u32;
+            let params = |o: &[usize]| AttentionParams {
+                batch: u(q[0]),
+                heads: u(q[1]),
+                kv_heads: u(kk[1]),
+                q_len: u(q[2]),
+                k_len: u(kk[2]),
+                k_dim: u(q[3]),
+                v_dim: u(v[3]),
+                causal: u32::from(*causal),
+                scale: s[0] as f32,
+                k_head_stride: u(ks[1]),
+                k_batch_stride: u(ks[0]),
+                v_head_stride: u(vs[1]),
+                v_batch_stride: u(vs[0]),
+                splits: u(splits),
+                keys_per_split: u(chunk),
+                tile: u(head.tile),
+                offsets: offsets(o),
             };
             let query_blocks = (q[0] * q[1] * q[2].div_ceil(ROWS)) as u64;
             let launch = |section: &str, outs: &[TensorRef<'_>], groups: u64| {
@@ -330,14 +374,18 @@ impl Head {
     }
 
     /// The head sizes and tile as the kernel sees them: constants of unrolled kernels, or
-    /// read from the parameters (`p[5]`, `p[6]`, `p[15]`) by looped ones and by the kernels
+    /// read from the parameters (`k_dim`, `v_dim`, `tile`) by looped ones and by the kernels
     /// whose code serves any head.
     fn sizes(&self, kernel: &str) -> String {
         let (kdim, vdim, kvec, vvec, tile, awords, bwords, trows);
         if self.looped || any_head(kernel) {
-            (kdim, vdim, tile) = ("p[5]".into(), "p[6]".into(), "p[15]".into());
-            kvec = "max((p[5] + 3u) / 4u, 1u)".to_string();
-            vvec = "max((p[6] + 3u) / 4u, 1u)".to_string();
+            (kdim, vdim, tile) = (
+                "params.k_dim".into(),
+                "params.v_dim".into(),
+                "params.tile".into(),
+            );
+            kvec = "max((params.k_dim + 3u) / 4u, 1u)".to_string();
+            vvec = "max((params.v_dim + 3u) / 4u, 1u)".to_string();
             (awords, bwords, trows) = (self.tile_words, self.tile_words, MAX_TILE);
         } else {
             (kdim, vdim) = (format!("{}u", self.kdim), format!("{}u", self.vdim));

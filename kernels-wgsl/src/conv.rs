@@ -16,10 +16,35 @@ use tessera_core::{Conv2dParams, DType, Layout, Op, Result, TensorRef};
 
 use crate::gpu::{Gpu, Planner};
 use crate::matmul::{self, PLAIN};
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 use tessera_core::exec::split;
 
 const SRC: &str = include_str!("../kernels/conv.wgsl");
+
+param_block! {
+    /// im2col's and col2im's parameters: `images` of `channels` x `height` x `width`, the
+    /// kernel, output size, stride, padding and dilation, and the part of the columns:
+    /// `part_channels` from `first_channel`, `part_positions` from `first_position`.
+    Im2colParams {
+        images: u32,
+        channels: u32,
+        height: u32,
+        width: u32,
+        kernel_h: u32,
+        kernel_w: u32,
+        out_h: u32,
+        out_w: u32,
+        stride: [u32; 2],
+        padding: [u32; 2],
+        dilation: [u32; 2],
+        first_channel: u32,
+        part_channels: u32,
+        first_position: u32,
+        part_positions: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 fn t<'a>(like: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
     TensorRef {
@@ -116,31 +141,36 @@ pub(crate) fn launch(
         Some(plan) if gpu.fits(&whole) => plan,
         _ => return Err(split::too_large(&Planner(gpu), op, inputs, outputs)),
     };
-    let geometry = [
-        c,
-        h,
-        w,
-        kh,
-        kw,
-        oh,
-        ow,
-        params.stride[0],
-        params.stride[1],
-        params.padding[0],
-        params.padding[1],
-        params.dilation[0],
-        params.dilation[1],
-    ];
+    let pair = |v: [usize; 2]| v.map(|x| x as u32);
+    let geometry = Im2colParams {
+        channels: c as u32,
+        height: h as u32,
+        width: w as u32,
+        kernel_h: kh as u32,
+        kernel_w: kw as u32,
+        out_h: oh as u32,
+        out_w: ow as u32,
+        stride: pair(params.stride),
+        padding: pair(params.padding),
+        dilation: pair(params.dilation),
+        ..Im2colParams::default()
+    };
     let scratch = gpu.scratch(plan.images * plan.channels * kk * plan.positions * 4)?;
     // Columns `[images, channels * KH * KW, positions]` of a part, in f32.
     let columns = |images: usize, channels: usize, positions: usize| {
         Layout::contiguous(&[images, channels * kk, positions])
     };
-    // Parameters: images, the geometry, then the part's first channel, channels, first
-    // position and positions.
+    // The geometry with the part's images, first channel, channels, first position and
+    // positions.
     let part_params = |images: usize, part: [usize; 4]| {
-        move |offs: &[usize], p: &mut crate::source::Params| {
-            p.u(images).all(&geometry).all(&part).all(offs);
+        move |offs: &[usize]| Im2colParams {
+            images: images as u32,
+            first_channel: part[0] as u32,
+            part_channels: part[1] as u32,
+            first_position: part[2] as u32,
+            part_positions: part[3] as u32,
+            offsets: offsets(offs),
+            ..geometry
         }
     };
     let im2col = |x: &TensorRef<'_>, cols: &TensorRef<'_>, images: usize, part: [usize; 4]| {

@@ -1,12 +1,32 @@
 //! Elementwise ops: casts, copies, unary and binary math, comparisons, select, SwiGLU. One
 //! kernel shape for all: every operand read in place through its strides.
 
-use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Op, Result, TensorRef, UnaryOp};
+use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Error, Op, Result, TensorRef, UnaryOp};
 
 use crate::gpu::Gpu;
+use crate::params::{offsets, param_block};
 use crate::source::{groups_for, key, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/elementwise.wgsl");
+
+/// Dimensions the map kernel indexes, after merging those every operand steps through alike
+/// (most launches have one).
+const MAX_DIMS: usize = 8;
+/// Operands of an elementwise op, inputs and outputs (SwiGLU's backward has five). With
+/// [`MAX_DIMS`] they keep [`MapParams`] within 64 words, which immediates hold.
+const MAX_OPERANDS: usize = 5;
+
+param_block! {
+    /// The map kernel's parameters: the output's `elements` in a (merged) `shape`, every
+    /// operand's offset and strides (inputs, then outputs), and the op's `scalars`.
+    MapParams {
+        elements: u32,
+        scalars: [f32; 4],
+        shape: [u32; MAX_DIMS],
+        offsets: [u32; MAX_OPERANDS],
+        strides: [[u32; MAX_DIMS]; MAX_OPERANDS],
+    }
+}
 
 /// `op(x)` in WGSL, with scalars `s0()`, `s1()`.
 fn unary(u: UnaryOp) -> &'static str {
@@ -118,6 +138,18 @@ pub(crate) fn launch(
     let (shape, strides) = merge_dims(&outputs[0].layout.shape, &strides);
     let n = outputs[0].layout.numel();
     let rank = shape.len();
+    if tensors.len() > MAX_OPERANDS {
+        return Err(unsupported(gpu, op));
+    }
+    if rank > MAX_DIMS {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!(
+                "{} over {rank} dimensions that do not merge (the kernel indexes {MAX_DIMS})",
+                op.name()
+            ),
+        ));
+    }
     run(
         gpu,
         &key(op, inputs, outputs, &format!("map{rank}")),
@@ -125,7 +157,10 @@ pub(crate) fn launch(
         "map",
         || {
             Ok(vec![
-                ("OFFSETS", offsets(rank, inputs.len() + outputs.len())),
+                (
+                    "OFFSETS",
+                    operand_offsets(rank, inputs.len() + outputs.len()),
+                ),
                 (
                     "BODY",
                     map_body(op, inputs).ok_or_else(|| unsupported(gpu, op))?,
@@ -135,15 +170,24 @@ pub(crate) fn launch(
         inputs,
         outputs,
         groups_for(n),
-        |offs, p| {
-            p.u(n).u(rank);
-            for k in 0..4 {
-                p.f(s.get(k).copied().unwrap_or(0.0));
+        |offs| {
+            let mut params = MapParams {
+                elements: n as u32,
+                offsets: offsets(offs),
+                ..MapParams::default()
+            };
+            for (k, scalar) in s.iter().take(4).enumerate() {
+                params.scalars[k] = *scalar as f32;
             }
-            p.all(&shape);
-            for (st, off) in strides.iter().zip(offs) {
-                p.u(*off).all(st);
+            for (d, &size) in shape.iter().enumerate() {
+                params.shape[d] = size as u32;
             }
+            for (t, st) in strides.iter().enumerate() {
+                for (d, &stride) in st.iter().enumerate() {
+                    params.strides[t][d] = stride as u32;
+                }
+            }
+            params
         },
     )
 }
@@ -191,36 +235,38 @@ fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Option<String> {
 }
 
 /// WGSL that sets `o0`, `o1`, ... to each of `tensors` operands' offset of element `i`, for
-/// a shape of `rank` dimensions (parameters as `kernels/elementwise.wgsl` lists them).
-fn offsets(rank: usize, tensors: usize) -> String {
+/// a shape of `rank` dimensions ([`MapParams`]).
+fn operand_offsets(rank: usize, tensors: usize) -> String {
     let mut code = String::from("var rem = i;\n");
     for d in (1..rank).rev() {
-        code += &format!(
-            "let c{d} = rem % p[{}u];\nrem = rem / p[{}u];\n",
-            6 + d,
-            6 + d
-        );
+        code += &format!("let c{d} = rem % params.shape[{d}];\nrem = rem / params.shape[{d}];\n");
     }
     if rank > 0 {
         code += "let c0 = rem;\n";
     }
     for t in 0..tensors {
-        let base = 6 + rank + t * (rank + 1);
         let terms: String = (0..rank)
-            .map(|d| format!(" + c{d} * p[{}u]", base + 1 + d))
+            .map(|d| format!(" + c{d} * params.strides[{t}][{d}]"))
             .collect();
-        code += &format!("let o{t} = p[{base}u]{terms};\n");
+        code += &format!("let o{t} = params.offsets[{t}]{terms};\n");
     }
     code
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{offsets, SRC};
-    use crate::source::{source, Build};
+    use super::{operand_offsets, MapParams, SRC};
+    use crate::gpu::Build;
+    use crate::params::ParamBlock;
+    use crate::source::source;
     use tessera_core::DType;
 
     /// The map kernel's WGSL for each rank parses and validates as the device would see it.
+    #[test]
+    fn the_map_parameters_fit_immediates() {
+        assert!(MapParams::default().words().len() <= 64);
+    }
+
     #[test]
     fn the_map_kernel_is_valid_wgsl_for_every_rank() {
         let f32 = |output| (DType::F32, output);
@@ -236,13 +282,17 @@ mod tests {
             },
         ];
         for (rank, build) in (0..5).flat_map(|r| builds.map(|b| (r, b))) {
-            let subst = [("OFFSETS", offsets(rank, 3)), ("BODY", body.clone())];
+            let subst = [
+                ("OFFSETS", operand_offsets(rank, 3)),
+                ("BODY", body.clone()),
+            ];
             let src = source(
                 SRC,
                 "map",
                 &[f32(false), f32(false), f32(true)],
                 &subst,
                 build,
+                &MapParams::wgsl(),
             );
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));

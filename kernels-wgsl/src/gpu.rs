@@ -6,7 +6,15 @@ use std::sync::Arc;
 use tessera_core::exec::binding_window;
 use tessera_core::{Buffer, Error, Limits, Result, TensorRef};
 
-use crate::source::Build;
+/// What a device's kernels are built for, beyond the op and its dtypes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Build {
+    /// The parameter block as immediates, of which the device has this many words; `None`: a
+    /// window of the submission's parameter buffer.
+    pub immediate_words: Option<usize>,
+    /// Whether `wg_sum`/`wg_max` reduce within subgroups first (the adapter's `SUBGROUP`).
+    pub subgroups: bool,
+}
 
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub const WG: u64 = 256;

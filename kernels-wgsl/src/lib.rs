@@ -29,6 +29,7 @@ mod matmul;
 mod movement;
 mod norm;
 mod optim;
+mod params;
 mod random;
 mod reduce;
 mod source;

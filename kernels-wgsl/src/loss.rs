@@ -3,9 +3,19 @@
 use tessera_core::{Op, Result, TensorRef};
 
 use crate::gpu::Gpu;
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/loss.wgsl");
+
+param_block! {
+    /// Cross-entropy's parameters: `rows` rows of `vocab` logits.
+    LossParams {
+        rows: u32,
+        vocab: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 pub(crate) fn launch(
     gpu: &dyn Gpu,
@@ -28,8 +38,10 @@ pub(crate) fn launch(
         inputs,
         outputs,
         groups,
-        |o, p| {
-            p.u(rows).u(vocab).all(o);
+        |o| LossParams {
+            rows: rows as u32,
+            vocab: vocab as u32,
+            offsets: offsets(o),
         },
     )
 }

@@ -9,14 +9,51 @@
 //! tiles meet a long K (weight gradients), the tiled kernel splits K over workgroups into
 //! partial sums that a second kernel adds in order, so results stay deterministic.
 
-use tessera_core::{DType, Layout, Op, Result, TensorRef, UnaryOp};
+use tessera_core::{merge_dims, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
 
 use crate::elementwise;
 use crate::gpu::{Gpu, Planner};
-use crate::source::{groups_for, key, run, run_grid, unsupported, Params};
+use crate::params::param_block;
+use crate::source::{groups_for, key, run, run_grid, unsupported};
 use tessera_core::exec::split;
 
 const SRC: &str = include_str!("../kernels/matmul.wgsl");
+
+/// Batch dimensions the kernels index, after merging those every operand steps through alike.
+const MAX_BATCH_DIMS: usize = 6;
+
+param_block! {
+    /// A matmul's parameters: `[batch..., m, n] += [batch..., m, k] x [batch..., k, n]`, each
+    /// operand's element offset and strides (batch strides per merged batch dimension), the
+    /// bias's and residual's where the epilogue has them, the split-K count and k per split,
+    /// and the epilogue's activation ([`Epilogue::activation`]).
+    MatmulParams {
+        m: u32,
+        n: u32,
+        k: u32,
+        batch: u32,
+        batch_rank: u32,
+        a_offset: u32,
+        a_row_stride: u32,
+        a_k_stride: u32,
+        b_offset: u32,
+        b_k_stride: u32,
+        b_col_stride: u32,
+        bias_offset: u32,
+        bias_stride: u32,
+        res_offset: u32,
+        res_row_stride: u32,
+        res_col_stride: u32,
+        out_offset: u32,
+        splits: u32,
+        k_per_split: u32,
+        activation: u32,
+        batch_shape: [u32; MAX_BATCH_DIMS],
+        a_batch_strides: [u32; MAX_BATCH_DIMS],
+        b_batch_strides: [u32; MAX_BATCH_DIMS],
+        res_batch_strides: [u32; MAX_BATCH_DIMS],
+    }
+}
 
 /// Matmuls with at most this many rows run a few-rows kernel instead of the 128 x 128 tiles:
 /// `rows` where `b` is contiguous in k (a `linear` weight: decoding's matrix-vector products),
@@ -155,7 +192,7 @@ impl Epilogue {
             next - 1
         });
         if let Some(i) = bias_at {
-            code += &format!("v += ld{i}(p[11] + gn * p[12]);\n");
+            code += &format!("v += ld{i}(params.bias_offset + gn * params.bias_stride);\n");
         }
         let activation = match activation {
             None => 0,
@@ -168,7 +205,9 @@ impl Epilogue {
             code += "v = activate(v);\n";
         }
         if let Some(i) = res_at {
-            code += &format!("v += ld{i}(r_base + gm * p[14] + gn * p[15]);\n");
+            code += &format!(
+                "v += ld{i}(r_base + gm * params.res_row_stride + gn * params.res_col_stride);\n"
+            );
         }
         Some(Epilogue {
             code,
@@ -228,6 +267,7 @@ pub(crate) fn launch(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
+    check_batch_dims(gpu, op, inputs)?;
     let (a, b) = (&inputs[0], &inputs[1]);
     let r = a.layout.rank();
     let (m, k, n) = (
@@ -313,7 +353,7 @@ pub(crate) fn launch(
         inputs,
         outputs,
         grid,
-        |o, p| problem.params(o, p),
+        |o| problem.params(o),
     )
 }
 
@@ -375,7 +415,7 @@ fn launch_split(
             tile_grid[1],
             gpu.dim(problem.batch * problem.splits),
         ],
-        |o, p| parts.params(o, p),
+        |o| parts.params(o),
     )?;
     sum_splits(gpu, op, &subst[..2], problem, sums, outputs)
 }
@@ -411,7 +451,7 @@ fn sum_splits(
         &bound,
         outputs,
         groups_for(problem.batch * problem.m * problem.n),
-        |o, p| problem.params(o, p),
+        |o| problem.params(o),
     )
 }
 
@@ -473,6 +513,7 @@ pub(crate) fn launch_windows(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
+    check_batch_dims(gpu, op, inputs)?;
     let all: Vec<TensorRef<'_>> = inputs.iter().chain(outputs).cloned().collect();
     if gpu.fits(&all) {
         return launch_part(gpu, op, inputs, outputs);
@@ -667,38 +708,90 @@ struct Problem<'a> {
 
 impl Problem<'_> {
     /// The parameters the kernels read (`kernels/matmul.wgsl`), given the bindings' offsets.
-    fn params(&self, o: &[usize], p: &mut Params) {
+    fn params(&self, o: &[usize]) -> MatmulParams {
         let inputs = self.inputs;
         let (a, b) = (&inputs[0].layout, &inputs[1].layout);
         let r = a.rank();
-        p.u(self.m).u(self.n).u(self.k).u(self.batch).u(r - 2);
-        p.u(o[0]).u(a.strides[r - 2]).u(a.strides[r - 1]);
-        p.u(o[1]).u(b.strides[r - 2]).u(b.strides[r - 1]);
-        match self.bias_at {
-            Some(i) => p.u(o[i - 1]).u(inputs[i - 1].layout.strides[0]),
-            None => p.u(0).u(0),
+        let u = |v: usize| v as u32;
+        let mut params = MatmulParams {
+            m: u(self.m),
+            n: u(self.n),
+            k: u(self.k),
+            batch: u(self.batch),
+            a_offset: u(o[0]),
+            a_row_stride: u(a.strides[r - 2]),
+            a_k_stride: u(a.strides[r - 1]),
+            b_offset: u(o[1]),
+            b_k_stride: u(b.strides[r - 2]),
+            b_col_stride: u(b.strides[r - 1]),
+            out_offset: u(o[inputs.len()]),
+            splits: u(self.splits),
+            k_per_split: u(self.k_per_split),
+            activation: u(self.activation),
+            ..MatmulParams::default()
         };
-        let res = self.res_at.map(|i| &inputs[i - 1].layout);
-        match (self.res_at, res) {
-            (Some(i), Some(t)) => p.u(o[i - 1]).u(t.strides[r - 2]).u(t.strides[r - 1]),
-            _ => p.u(0).u(0).u(0),
-        };
-        p.u(o[inputs.len()]);
-        p.all(&a.shape[..r - 2])
-            .all(&a.strides[..r - 2])
-            .all(&b.strides[..r - 2]);
-        match res {
-            Some(t) => p.all(&t.strides[..r - 2]),
-            None => p.all(&vec![0; r - 2]),
-        };
-        p.u(self.splits).u(self.k_per_split).u(self.activation);
+        if let Some(i) = self.bias_at {
+            params.bias_offset = u(o[i - 1]);
+            params.bias_stride = u(inputs[i - 1].layout.strides[0]);
+        }
+        let res = self.res_at.map(|i| (o[i - 1], &inputs[i - 1].layout));
+        if let Some((offset, t)) = res {
+            params.res_offset = u(offset);
+            params.res_row_stride = u(t.strides[r - 2]);
+            params.res_col_stride = u(t.strides[r - 1]);
+        }
+        let no_residual = vec![0; r - 2];
+        let res_strides = res.map_or(&no_residual[..], |(_, t)| &t.strides[..r - 2]);
+        let (shape, strides) = batch_dims(inputs, res_strides);
+        params.batch_rank = u(shape.len());
+        // `check_batch_dims` saw to it that they fit.
+        for (d, &size) in shape.iter().enumerate().take(MAX_BATCH_DIMS) {
+            params.batch_shape[d] = u(size);
+            params.a_batch_strides[d] = u(strides[0][d]);
+            params.b_batch_strides[d] = u(strides[1][d]);
+            params.res_batch_strides[d] = u(strides[2][d]);
+        }
+        params
     }
+}
+
+/// The batch dimensions of a matmul over `inputs` (a, b) with residual batch strides
+/// `res_strides` (zeros without one): the shape and the strides of a, b and the residual,
+/// merged where all three step alike (the output is row-major over them).
+fn batch_dims(inputs: &[TensorRef<'_>], res_strides: &[usize]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let (a, b) = (&inputs[0].layout, &inputs[1].layout);
+    let r = a.rank();
+    let strides = [&a.strides[..r - 2], &b.strides[..r - 2], res_strides];
+    merge_dims(&a.shape[..r - 2], &strides)
+}
+
+/// `Unsupported` where a matmul's batch dimensions (of a, b and a residual: the inputs of the
+/// output's rank) do not merge into the kernels' [`MAX_BATCH_DIMS`].
+fn check_batch_dims(gpu: &dyn Gpu, op: &Op, inputs: &[TensorRef<'_>]) -> Result<()> {
+    let r = inputs[0].layout.rank();
+    let residual = inputs[2..].iter().find(|t| t.layout.rank() == r);
+    let no_residual = vec![0; r - 2];
+    let res_strides = residual.map_or(&no_residual[..], |t| &t.layout.strides[..r - 2]);
+    let (shape, _) = batch_dims(inputs, res_strides);
+    if shape.len() > MAX_BATCH_DIMS {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!(
+                "{} with batch dimensions {:?} that do not merge into {MAX_BATCH_DIMS}",
+                op.name(),
+                &inputs[0].layout.shape[..r - 2]
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::{source, Build};
+    use crate::gpu::Build;
+    use crate::params::ParamBlock;
+    use crate::source::source;
 
     /// The tensor-core kernel runs only on adapters with cooperative matrices (not lavapipe),
     /// so its WGSL is at least checked everywhere: parsed and validated as the device would.
@@ -738,7 +831,7 @@ mod tests {
                 immediate_words: Some(64),
                 subgroups: true,
             };
-            let src = source(SRC, "coop", &bindings, &subst, build);
+            let src = source(SRC, "coop", &bindings, &subst, build, &MatmulParams::wgsl());
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             naga::valid::Validator::new(

@@ -4,14 +4,62 @@
 //! backward first links each position to the next one with the same id, so the sums cost
 //! O(P * D) after an O(P^2) pass over the ids alone.
 
-use tessera_core::{DType, Layout, Op, Result, TensorRef};
+use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::gpu::{Gpu, Planner};
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 use crate::{elementwise, random};
 use tessera_core::exec::split;
 
 const SRC: &str = include_str!("../kernels/movement.wgsl");
+
+/// Dimensions gather and scatter-add index (their operands are read through strides as they
+/// are, axis included, so nothing merges).
+const MAX_DIMS: usize = 8;
+
+param_block! {
+    /// The movement kernels' parameters. Embedding (and its backward): `elements` outputs in
+    /// rows of `row_len`, the table's rows `first .. first + window_rows` of `total_rows`
+    /// bound. Gather: x's rows `first .. first + window_rows` along `axis` of `total_rows`;
+    /// scatter-add: the target of the output's first element along `axis` is `first`, and
+    /// `accumulate` adds onto the output.
+    MovementParams {
+        elements: u32,
+        row_len: u32,
+        rank: u32,
+        axis: u32,
+        first: u32,
+        window_rows: u32,
+        total_rows: u32,
+        accumulate: u32,
+        index_shape: [u32; MAX_DIMS],
+        out_shape: [u32; MAX_DIMS],
+        x_strides: [u32; MAX_DIMS],
+        index_strides: [u32; MAX_DIMS],
+        out_strides: [u32; MAX_DIMS],
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+/// A shape or strides as a parameter field, or `Unsupported` for `op` past [`MAX_DIMS`].
+fn dims(gpu: &dyn Gpu, op: &Op, values: &[usize]) -> Result<[u32; MAX_DIMS]> {
+    if values.len() > MAX_DIMS {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!(
+                "{} over {} dimensions (the kernel indexes {MAX_DIMS})",
+                op.name(),
+                values.len()
+            ),
+        ));
+    }
+    let mut field = [0; MAX_DIMS];
+    for (w, &v) in field.iter_mut().zip(values) {
+        *w = v as u32;
+    }
+    Ok(field)
+}
 
 /// Ranges `(first, count)` of `rows` rows of `row_bytes` bytes each (an embedding table, the
 /// gradients of positions; row-major) that each fit one binding: all rows where they fit.
@@ -87,8 +135,14 @@ pub(crate) fn launch(
                         &ins,
                         &outs,
                         groups_for(m),
-                        |o, p| {
-                            p.u(m).u(d.max(1)).u(rows).u(first).all(o).u(v);
+                        |o| MovementParams {
+                            elements: m as u32,
+                            row_len: d.max(1) as u32,
+                            first: first as u32,
+                            window_rows: rows as u32,
+                            total_rows: v as u32,
+                            offsets: offsets(o),
+                            ..MovementParams::default()
                         },
                     )?;
                 }
@@ -156,8 +210,10 @@ pub(crate) fn launch(
                         &ins[..1],
                         links,
                         groups_for(count),
-                        |o, p| {
-                            p.u(count).u(0).u(0).u(0).all(o);
+                        |o| MovementParams {
+                            elements: count as u32,
+                            offsets: offsets(o),
+                            ..MovementParams::default()
                         },
                     )?;
                     let with_links = [sums, links[0]];
@@ -171,8 +227,13 @@ pub(crate) fn launch(
                         &ins,
                         &with_links,
                         groups_for(m),
-                        |o, p| {
-                            p.u(m).u(d.max(1)).u(rows).u(first).all(o);
+                        |o| MovementParams {
+                            elements: m as u32,
+                            row_len: d.max(1) as u32,
+                            first: first as u32,
+                            window_rows: rows as u32,
+                            offsets: offsets(o),
+                            ..MovementParams::default()
                         },
                     )?;
                 }
@@ -216,6 +277,19 @@ pub(crate) fn gather_part(
     let op = Op::Gather { axis };
     let (ins, outs) = ([*x, *idx], [*out]);
     let n = out.layout.numel();
+    let params = MovementParams {
+        elements: n as u32,
+        rank: idx.layout.rank() as u32,
+        axis: axis as u32,
+        first: first as u32,
+        window_rows: x.layout.shape[axis] as u32,
+        total_rows: rows as u32,
+        index_shape: dims(gpu, &op, &idx.layout.shape)?,
+        x_strides: dims(gpu, &op, &x.layout.strides)?,
+        index_strides: dims(gpu, &op, &idx.layout.strides)?,
+        out_strides: dims(gpu, &op, &out.layout.strides)?,
+        ..MovementParams::default()
+    };
     run(
         gpu,
         &key(&op, &ins, &outs, "gather"),
@@ -225,13 +299,10 @@ pub(crate) fn gather_part(
         &ins,
         &outs,
         groups_for(n),
-        |o, p| {
-            p.u(n).u(idx.layout.rank()).u(axis).u(first).all(o);
-            p.u(x.layout.shape[axis]).u(rows);
-            p.all(&idx.layout.shape)
-                .all(&x.layout.strides)
-                .all(&idx.layout.strides)
-                .all(&out.layout.strides);
+        |o| {
+            let mut params = params;
+            params.offsets = offsets(o);
+            params
         },
     )
 }
@@ -251,6 +322,18 @@ pub(crate) fn scatter_add_part(
     let op = Op::ScatterAdd { axis };
     let (ins, outs) = ([*idx, *src], [*out]);
     let n = out.layout.numel();
+    let params = MovementParams {
+        elements: n as u32,
+        rank: idx.layout.rank() as u32,
+        axis: axis as u32,
+        first: first as u32,
+        accumulate: u32::from(accumulate),
+        out_shape: dims(gpu, &op, &out.layout.shape)?,
+        index_shape: dims(gpu, &op, &idx.layout.shape)?,
+        index_strides: dims(gpu, &op, &idx.layout.strides)?,
+        out_strides: dims(gpu, &op, &out.layout.strides)?,
+        ..MovementParams::default()
+    };
     run(
         gpu,
         &key(&op, &ins, &outs, "scatter_add"),
@@ -260,13 +343,10 @@ pub(crate) fn scatter_add_part(
         &ins,
         &outs,
         groups_for(n),
-        |o, p| {
-            p.u(n).u(idx.layout.rank()).u(axis).u(first).all(o);
-            p.u(accumulate as usize);
-            p.all(&out.layout.shape)
-                .all(&idx.layout.shape)
-                .all(&idx.layout.strides)
-                .all(&out.layout.strides);
+        |o| {
+            let mut params = params;
+            params.offsets = offsets(o);
+            params
         },
     )
 }

@@ -4,9 +4,20 @@
 use tessera_core::{Op, Result, TensorRef};
 
 use crate::gpu::Gpu;
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/norm.wgsl");
+
+param_block! {
+    /// The norms' parameters: `rows` rows of `row_len`.
+    NormParams {
+        rows: u32,
+        row_len: u32,
+        eps: f32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 pub(crate) fn launch(
     gpu: &dyn Gpu,
@@ -19,8 +30,11 @@ pub(crate) fn launch(
     let n = *x.layout.shape.last().unwrap_or(&1);
     let rows = x.layout.numel() / n.max(1);
     let eps = s.first().copied().unwrap_or(0.0);
-    let params = |o: &[usize], p: &mut crate::source::Params| {
-        p.u(rows).u(n).f(eps).all(o);
+    let params = |o: &[usize]| NormParams {
+        rows: rows as u32,
+        row_len: n as u32,
+        eps: eps as f32,
+        offsets: offsets(o),
     };
     let k = |variant: &str| key(op, inputs, outputs, variant);
     let go = |section: &str, groups: usize| {

@@ -4,10 +4,58 @@
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::gpu::{Gpu, Planner};
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 use tessera_core::exec::split;
 
 const SRC: &str = include_str!("../kernels/optim.wgsl");
+
+param_block! {
+    /// AdamW's parameters: `step_size` is lr over the first moment's bias correction.
+    AdamParams {
+        elements: u32,
+        step_size: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        sqrt_bias_correction2: f32,
+        /// 1 - lr * weight decay, for decay decoupled from the gradient.
+        decay_factor: f32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+param_block! {
+    /// SGD's parameters; `grad_coef` scales the gradient into the momentum buffer.
+    SgdParams {
+        elements: u32,
+        lr: f32,
+        momentum: f32,
+        grad_coef: f32,
+        weight_decay: f32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+param_block! {
+    /// The squared norm's first pass: sums of squares of `chunk` elements each, written from
+    /// partial `first`.
+    SquaresParams {
+        elements: u32,
+        chunk: u32,
+        first: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+param_block! {
+    /// The sum of `count` partial sums.
+    SumParams {
+        count: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 /// Elements each workgroup of the squared norm sums.
 const CHUNK: usize = 4096;
@@ -26,9 +74,9 @@ pub(crate) fn launch(
         } => {
             let n = inputs[0].layout.numel();
             let decay = if *decoupled_weight_decay {
-                "w *= pf(7u);"
+                "w *= params.decay_factor;"
             } else {
-                "g += pf(5u) * w;"
+                "g += params.weight_decay * w;"
             };
             let (lr, b1, b2, eps, wd, bc1, bc2) = (s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
             run(
@@ -40,16 +88,16 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups_for(n),
-                |o, p| {
-                    p.u(n)
-                        .f(lr / bc1)
-                        .f(b1)
-                        .f(b2)
-                        .f(eps)
-                        .f(wd)
-                        .f(bc2.sqrt())
-                        .f(1.0 - lr * wd)
-                        .all(o);
+                |o| AdamParams {
+                    elements: n as u32,
+                    step_size: (lr / bc1) as f32,
+                    beta1: b1 as f32,
+                    beta2: b2 as f32,
+                    eps: eps as f32,
+                    weight_decay: wd as f32,
+                    sqrt_bias_correction2: bc2.sqrt() as f32,
+                    decay_factor: (1.0 - lr * wd) as f32,
+                    offsets: offsets(o),
                 },
             )
         }
@@ -57,7 +105,7 @@ pub(crate) fn launch(
             let n = inputs[0].layout.numel();
             let (scale, pout, mom) = if *momentum {
                 let next = if *nesterov {
-                    "d = d + pf(2u) * b;"
+                    "d = d + params.momentum * b;"
                 } else {
                     "d = b;"
                 };
@@ -65,7 +113,7 @@ pub(crate) fn launch(
                     4,
                     5,
                     format!(
-                        "let b = pf(2u) * ld3(o(3u) + i) + pf(3u) * d; st6(o(6u) + i, b); {next}"
+                        "let b = params.momentum * ld3(o(3u) + i) + params.grad_coef * d; st6(o(6u) + i, b); {next}"
                     ),
                 )
             } else {
@@ -85,16 +133,13 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups_for(n),
-                |o, p| {
-                    p.u(n)
-                        .f(s[0])
-                        .f(s[1])
-                        .f(s[2])
-                        .f(s[3])
-                        .f(0.0)
-                        .f(0.0)
-                        .f(0.0)
-                        .all(o);
+                |o| SgdParams {
+                    elements: n as u32,
+                    lr: s[0] as f32,
+                    momentum: s[1] as f32,
+                    grad_coef: s[2] as f32,
+                    weight_decay: s[3] as f32,
+                    offsets: offsets(o),
                 },
             )
         }
@@ -138,16 +183,11 @@ pub(crate) fn launch(
                         &ins,
                         outs,
                         c as u64,
-                        |o, p| {
-                            p.u(len)
-                                .u(CHUNK)
-                                .u(first)
-                                .f(0.0)
-                                .f(0.0)
-                                .f(0.0)
-                                .f(0.0)
-                                .f(0.0)
-                                .all(o);
+                        |o| SquaresParams {
+                            elements: len as u32,
+                            chunk: CHUNK as u32,
+                            first: first as u32,
+                            offsets: offsets(o),
                         },
                     )?;
                     first += c;
@@ -163,16 +203,9 @@ pub(crate) fn launch(
                 ins,
                 outputs,
                 1,
-                |o, p| {
-                    p.u(total)
-                        .f(0.0)
-                        .f(0.0)
-                        .f(0.0)
-                        .f(0.0)
-                        .f(0.0)
-                        .f(0.0)
-                        .f(0.0)
-                        .all(o);
+                |o| SumParams {
+                    count: total as u32,
+                    offsets: offsets(o),
                 },
             )?;
             Ok(())

@@ -3,9 +3,48 @@
 use tessera_core::{DType, Element, Error, Op, Result, TensorRef};
 
 use crate::gpu::Gpu;
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, native, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/random.wgsl");
+
+param_block! {
+    /// Fill's parameters: the value as the bits of its native WGSL type.
+    FillParams {
+        elements: u32,
+        value: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+param_block! {
+    /// Arange's parameters: start and step as (hi, lo) f32 pairs, and the index of the
+    /// output's first element in the whole tensor.
+    ArangeParams {
+        elements: u32,
+        start_hi: f32,
+        start_lo: f32,
+        step_hi: f32,
+        step_lo: f32,
+        first: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+param_block! {
+    /// Uniform and normal values: Philox `key` and `stream` words, the range (`a`, `b`) or
+    /// mean and standard deviation, and the index of the output's first element in the whole
+    /// tensor (its counter).
+    RandomParams {
+        elements: u32,
+        key: [u32; 2],
+        stream: [u32; 2],
+        a: f32,
+        b: f32,
+        first: u32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 /// `value` converted to `dtype` as `Cast` converts, as the bits of its native WGSL type.
 fn native_bits(value: f64, dtype: DType) -> u32 {
@@ -52,8 +91,8 @@ pub(crate) fn launch(
             let bits = native_bits(s[0], *dtype);
             // An f16 comes as the f32 that holds it exactly; a bf16 as its 16 bits.
             let value = match dtype {
-                DType::F16 => "to_f16(bitcast<f32>(p[2]))".to_string(),
-                other => format!("bitcast<{}>(p[2])", native(*other)),
+                DType::F16 => "to_f16(bitcast<f32>(params.value))".to_string(),
+                other => format!("bitcast<{}>(params.value)", native(*other)),
             };
             let subst = [("FILL_VALUE", value)];
             run(
@@ -65,8 +104,10 @@ pub(crate) fn launch(
                 &[],
                 outputs,
                 groups,
-                |o, p| {
-                    p.u(n).u(o[0]).w(bits);
+                |o| FillParams {
+                    elements: n as u32,
+                    value: bits,
+                    offsets: offsets(o),
                 },
             )
         }
@@ -74,21 +115,21 @@ pub(crate) fn launch(
             let (a_hi, a_lo) = split(s[0]);
             let (d_hi, d_lo) = split(s[1]);
             let store = match dtype {
-                DType::F32 | DType::F16 | DType::BF16 => "st1(p[1] + i, s + lo);",
+                DType::F32 | DType::F16 | DType::BF16 => "st1(out_at(i), s + lo);",
                 DType::Bool => {
-                    "let v = s + lo; let r = lo - (v - s); st1(p[1] + i, select(r, v, v != 0.0));"
+                    "let v = s + lo; let r = lo - (v - s); st1(out_at(i), select(r, v, v != 0.0));"
                 }
                 _ => {
                     let last = s[0] + s[1] * (first + n).saturating_sub(1) as f64;
                     if s[0].abs().max(last.abs()) >= 16_777_216.0 {
                         return Err(Error::unsupported(
-                            "wgpu",
+                            gpu.backend(),
                             format!("arange into {dtype} past 2^24"),
                         ));
                     }
                     "let v = s + lo; let r = lo - (v - s); var t = trunc(v); \
                      if (t == v) { if (v > 0.0 && r < 0.0) { t -= 1.0; } else if (v < 0.0 && r > 0.0) { t += 1.0; } } \
-                     st1(p[1] + i, t);"
+                     st1(out_at(i), t);"
                 }
             };
             run(
@@ -100,8 +141,14 @@ pub(crate) fn launch(
                 &[],
                 outputs,
                 groups,
-                |o, p| {
-                    p.u(n).u(o[0]).f(a_hi).f(a_lo).f(d_hi).f(d_lo).u(first);
+                |o| ArangeParams {
+                    elements: n as u32,
+                    start_hi: a_hi as f32,
+                    start_lo: a_lo as f32,
+                    step_hi: d_hi as f32,
+                    step_lo: d_lo as f32,
+                    first: first as u32,
+                    offsets: offsets(o),
                 },
             )
         }
@@ -120,16 +167,14 @@ pub(crate) fn launch(
                 &[],
                 outputs,
                 groups,
-                |o, p| {
-                    p.u(n)
-                        .u(o[0])
-                        .w(s[0] as u32)
-                        .w(s[1] as u32)
-                        .w(s[2] as u32)
-                        .w(s[3] as u32)
-                        .f(s[4])
-                        .f(s[5])
-                        .u(first);
+                |o| RandomParams {
+                    elements: n as u32,
+                    key: [s[0] as u32, s[1] as u32],
+                    stream: [s[2] as u32, s[3] as u32],
+                    a: s[4] as f32,
+                    b: s[5] as f32,
+                    first: first as u32,
+                    offsets: offsets(o),
                 },
             )
         }

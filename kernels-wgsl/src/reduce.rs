@@ -1,9 +1,10 @@
 //! Reductions over any axes (a workgroup per output with a tree reduction, or a thread per
 //! output when the reduced extent is short), argmax, and softmax over rows.
 
-use tessera_core::{Op, ReduceOp, Result, TensorRef};
+use tessera_core::{merge_dims, Error, Op, ReduceOp, Result, TensorRef};
 
 use crate::gpu::Gpu;
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/reduce.wgsl");
@@ -11,13 +12,34 @@ const SRC: &str = include_str!("../kernels/reduce.wgsl");
 /// Reduced extents shorter than this use one thread per output.
 const THREAD_REDUCE_MAX: usize = 64;
 
-/// Kept and reduced dims of `x` as (shape, strides) pairs.
-fn split_axes(
-    t: &TensorRef<'_>,
-    axes: &[usize],
-) -> (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>) {
+/// Dimensions of the kept and of the reduced part of a reduction's input, each after merging
+/// those the input steps through alike.
+const MAX_DIMS: usize = 8;
+
+param_block! {
+    /// A reduction's, argmax's or softmax's parameters. Reductions and argmax: `rows` outputs
+    /// each over `row_len` elements, the input's kept and reduced dimensions, and (argmax) the
+    /// index of the input's first element along the axis in the whole op. Softmax: `rows` rows
+    /// of `row_len`.
+    ReduceParams {
+        rows: u32,
+        row_len: u32,
+        kept_rank: u32,
+        reduced_rank: u32,
+        first: u32,
+        kept_shape: [u32; MAX_DIMS],
+        kept_strides: [u32; MAX_DIMS],
+        reduced_shape: [u32; MAX_DIMS],
+        reduced_strides: [u32; MAX_DIMS],
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
+
+/// The parameters of reducing `x` over `axes` (the output row-major over the kept dims), the
+/// kept and the reduced dimensions each merged where `x`'s strides allow.
+fn reduction(gpu: &dyn Gpu, op: &Op, x: &TensorRef<'_>, axes: &[usize]) -> Result<ReduceParams> {
     let (mut ks, mut kt, mut rs, mut rt) = (vec![], vec![], vec![], vec![]);
-    for (d, (&s, &st)) in t.layout.shape.iter().zip(&t.layout.strides).enumerate() {
+    for (d, (&s, &st)) in x.layout.shape.iter().zip(&x.layout.strides).enumerate() {
         if axes.contains(&d) {
             rs.push(s);
             rt.push(st);
@@ -26,7 +48,34 @@ fn split_axes(
             kt.push(st);
         }
     }
-    (ks, kt, rs, rt)
+    let mut params = ReduceParams {
+        rows: ks.iter().product::<usize>() as u32,
+        row_len: rs.iter().product::<usize>() as u32,
+        ..ReduceParams::default()
+    };
+    let (ks, kt) = merge_dims(&ks, &[&kt]);
+    let (rs, rt) = merge_dims(&rs, &[&rt]);
+    if ks.len().max(rs.len()) > MAX_DIMS {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!(
+                "{} of a tensor of shape {:?} whose dimensions do not merge into {MAX_DIMS}",
+                op.name(),
+                x.layout.shape
+            ),
+        ));
+    }
+    params.kept_rank = ks.len() as u32;
+    params.reduced_rank = rs.len() as u32;
+    for (d, (&s, &st)) in ks.iter().zip(&kt[0]).enumerate() {
+        params.kept_shape[d] = s as u32;
+        params.kept_strides[d] = st as u32;
+    }
+    for (d, (&s, &st)) in rs.iter().zip(&rt[0]).enumerate() {
+        params.reduced_shape[d] = s as u32;
+        params.reduced_strides[d] = st as u32;
+    }
+    Ok(params)
 }
 
 pub(crate) fn launch(
@@ -39,9 +88,8 @@ pub(crate) fn launch(
     let k = |variant: &str| key(op, inputs, outputs, variant);
     match op {
         Op::Reduce { op: kind, axes, .. } => {
-            let (ks, kt, rs, rt) = split_axes(x, axes);
-            let nout: usize = ks.iter().product();
-            let nred: usize = rs.iter().product();
+            let params = reduction(gpu, op, x, axes)?;
+            let (nout, nred) = (params.rows as usize, params.row_len as usize);
             let (init, combine) = match kind {
                 ReduceOp::Sum | ReduceOp::Mean => ("0.0", "a + b"),
                 ReduceOp::Max => ("-inf()", "max_nan(a, b)"),
@@ -70,9 +118,10 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups,
-                |o, p| {
-                    p.u(nout).u(nred).u(ks.len()).u(rs.len()).u(o[0]).u(o[1]);
-                    p.all(&ks).all(&kt).all(&rs).all(&rt);
+                |o| {
+                    let mut params = params;
+                    params.offsets = offsets(o);
+                    params
                 },
             )
         }
@@ -95,8 +144,11 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups,
-                |o, p| {
-                    p.u(rows).u(n).u(o[0]).u(0).u(o[1]);
+                |o| ReduceParams {
+                    rows: rows as u32,
+                    row_len: n as u32,
+                    offsets: offsets(o),
+                    ..ReduceParams::default()
                 },
             )
         }
@@ -119,8 +171,11 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups,
-                |o, p| {
-                    p.u(rows).u(n).u(o[0]).u(o[1]).u(o[2]);
+                |o| ReduceParams {
+                    rows: rows as u32,
+                    row_len: n as u32,
+                    offsets: offsets(o),
+                    ..ReduceParams::default()
                 },
             )
         }
@@ -137,14 +192,15 @@ pub(crate) fn argmax(
     out: &TensorRef<'_>,
     first: usize,
 ) -> Result<()> {
-    let (ks, kt, rs, rt) = split_axes(x, &[axis]);
-    let nout: usize = ks.iter().product();
-    let nred: usize = rs.iter().product();
-    let (ins, outs) = ([*x], [*out]);
     let op = Op::ArgMax {
         axis,
         keepdim: false,
     };
+    let params = ReduceParams {
+        first: first as u32,
+        ..reduction(gpu, &op, x, &[axis])?
+    };
+    let (ins, outs) = ([*x], [*out]);
     run(
         gpu,
         &key(&op, &ins, &outs, "argmax"),
@@ -153,10 +209,11 @@ pub(crate) fn argmax(
         no_subst,
         &ins,
         &outs,
-        nout as u64,
-        |o, p| {
-            p.u(nout).u(nred).u(ks.len()).u(rs.len()).u(o[0]).u(o[1]);
-            p.all(&ks).all(&kt).all(&rs).all(&rt).u(first);
+        u64::from(params.rows),
+        |o| {
+            let mut params = params;
+            params.offsets = offsets(o);
+            params
         },
     )
 }

@@ -1,6 +1,7 @@
 //! WGSL assembly and launch parameters.
 //!
-//! A kernel's source is the declaration of its parameter block `p` (immediates, or group 0),
+//! A kernel's source is its typed parameter block, `params` (`params.rs`; immediates, or
+//! group 0),
 //! `common.wgsl`, the workgroup reductions of `group_reduce.wgsl` (by subgroups or by a tree),
 //! then generated declarations for each data binding, then the shared part of its family file
 //! and one of the file's `// @kernel NAME` sections, with placeholders (upper-case words such
@@ -21,20 +22,11 @@
 
 use tessera_core::{DType, Error, Result, TensorRef};
 
-use crate::gpu::{Dispatch, Gpu};
+use crate::gpu::{Build, Dispatch, Gpu};
+use crate::params::ParamBlock;
 
 const COMMON: &str = include_str!("../kernels/common.wgsl");
 const GROUP_REDUCE: &str = include_str!("../kernels/group_reduce.wgsl");
-
-/// What a device's kernels are built for, beyond the op and its dtypes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Build {
-    /// The parameter block `p` as this many immediate words; `None`: a window of the
-    /// submission's parameter buffer.
-    pub immediate_words: Option<usize>,
-    /// Whether `wg_sum`/`wg_max` reduce within subgroups first (the adapter's `SUBGROUP`).
-    pub subgroups: bool,
-}
 
 /// The declarations and accessors of data binding `k`.
 fn binding(k: usize, dtype: DType, output: bool) -> String {
@@ -139,6 +131,7 @@ pub(crate) fn source(
     bindings: &[(DType, bool)],
     subst: &[(&str, String)],
     build: Build,
+    block: &str,
 ) -> String {
     let marker = "// @kernel ";
     let shared = family.split(marker).next().unwrap_or("");
@@ -151,7 +144,7 @@ pub(crate) fn source(
     if body.contains("coop_mat") {
         src += "enable wgpu_cooperative_matrix;\n";
     }
-    src += &param_declaration(build.immediate_words);
+    src += &param_declaration(build.immediate_words.is_some(), block);
     src += COMMON;
     src += "// ";
     src += section_of(
@@ -198,37 +191,12 @@ fn section_of<'a>(family: &'a str, section: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// The WGSL declaration of the parameter block `p`: `immediate_words` immediates, or (`None`)
-/// the launch's window of the submission's parameter buffer.
-fn param_declaration(immediate_words: Option<usize>) -> String {
-    match immediate_words {
-        Some(words) => format!("var<immediate> p: array<u32, {words}>;\n"),
-        None => "@group(0) @binding(0) var<storage, read> p: array<u32>;\n".into(),
-    }
-}
-
-/// Launch parameters: `u32` words, floats as their f32 bits.
-#[derive(Default)]
-pub(crate) struct Params(pub Vec<u32>);
-
-impl Params {
-    pub fn u(&mut self, v: usize) -> &mut Self {
-        self.0.push(v as u32);
-        self
-    }
-    pub fn f(&mut self, v: f64) -> &mut Self {
-        self.0.push((v as f32).to_bits());
-        self
-    }
-    pub fn w(&mut self, v: u32) -> &mut Self {
-        self.0.push(v);
-        self
-    }
-    pub fn all(&mut self, vs: &[usize]) -> &mut Self {
-        for &v in vs {
-            self.u(v);
-        }
-        self
+/// The kernel's parameter block `block` (a `struct Params`) and its declaration as `params`:
+/// immediates, or the launch's window of the submission's parameter buffer.
+fn param_declaration(immediate: bool, block: &str) -> String {
+    match immediate {
+        true => format!("{block}var<immediate> params: Params;\n"),
+        false => format!("{block}@group(0) @binding(0) var<storage, read> params: Params;\n"),
     }
 }
 
@@ -252,10 +220,10 @@ pub(crate) fn no_subst() -> Result<Subst> {
 /// Everything in one place for the common case: views of `inputs` then `outputs`, the
 /// pipeline `key` built from `family`'s `section` with the placeholders `subst` gives (called
 /// only when the pipeline is not cached yet: generating code costs more host time than the
-/// rest of a launch), and a dispatch of `groups` workgroups (spread over a 2-D grid) with
-/// parameters made by `params` from the element offsets.
+/// rest of a launch), and a dispatch of `groups` workgroups (spread over a 2-D grid) with the
+/// parameter block `params` makes from the bindings' element offsets.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run(
+pub(crate) fn run<P: ParamBlock>(
     gpu: &dyn Gpu,
     key: &str,
     family: &str,
@@ -264,7 +232,7 @@ pub(crate) fn run(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     groups: u64,
-    params: impl FnOnce(&[usize], &mut Params),
+    params: impl FnOnce(&[usize]) -> P,
 ) -> Result<()> {
     let grid = if groups == 0 {
         [0, 0, 0]
@@ -278,7 +246,7 @@ pub(crate) fn run(
 
 /// As [`run`], with an explicit 3-D grid (a zero anywhere dispatches nothing).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_grid(
+pub(crate) fn run_grid<P: ParamBlock>(
     gpu: &dyn Gpu,
     key: &str,
     family: &str,
@@ -287,7 +255,37 @@ pub(crate) fn run_grid(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     grid: [u32; 3],
-    params: impl FnOnce(&[usize], &mut Params),
+    params: impl FnOnce(&[usize]) -> P,
+) -> Result<()> {
+    let kernel = Kernel {
+        key,
+        family,
+        section,
+    };
+    dispatch(gpu, kernel, subst, inputs, outputs, grid, |offsets| {
+        (params(offsets).words(), P::wgsl as fn() -> String)
+    })
+}
+
+/// A kernel to dispatch: its pipeline key and where its source is.
+#[derive(Clone, Copy)]
+struct Kernel<'a> {
+    key: &'a str,
+    family: &'a str,
+    section: &'a str,
+}
+
+/// Views of `inputs` then `outputs`, the parameter words and the maker of their WGSL
+/// declaration (called only to compile) that `params` gives for their element offsets, and
+/// the dispatch.
+fn dispatch(
+    gpu: &dyn Gpu,
+    kernel: Kernel<'_>,
+    subst: impl FnOnce() -> Result<Subst>,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    grid: [u32; 3],
+    params: impl FnOnce(&[usize]) -> (Vec<u32>, fn() -> String),
 ) -> Result<()> {
     let mut binds = Vec::with_capacity(inputs.len() + outputs.len());
     let mut offs = Vec::with_capacity(inputs.len() + outputs.len());
@@ -296,13 +294,12 @@ pub(crate) fn run_grid(
         binds.push(b);
         offs.push(o as usize);
     }
-    let mut p = Params::default();
-    params(&offs, &mut p);
-    let build = gpu.build(p.0.len());
+    let (words, block) = params(&offs);
+    let build = gpu.build(words.len());
     let dispatch = Dispatch {
-        key,
+        key: kernel.key,
         bindings: &binds,
-        params: &p.0,
+        params: &words,
         immediate: build.immediate_words.is_some(),
         grid,
     };
@@ -310,11 +307,12 @@ pub(crate) fn run_grid(
     gpu.dispatch(&dispatch, &mut || {
         let subst = subst.take().map_or_else(no_subst, |make| make())?;
         Ok(source(
-            family,
-            section,
+            kernel.family,
+            kernel.section,
             &kinds(inputs, outputs),
             &subst,
             build,
+            &block(),
         ))
     })
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tessera_core::{Error, Result};
+use tessera_wgsl::PipelineCache;
 
 use crate::sync::lock;
 
@@ -34,9 +35,7 @@ pub(crate) struct Pipelines {
     group_layouts: Mutex<HashMap<usize, wgpu::BindGroupLayout>>,
     /// Pipeline layouts by number of data bindings and whether parameters are immediates.
     layouts: Mutex<HashMap<(usize, bool), wgpu::PipelineLayout>>,
-    /// Pipelines by cache key: reading parameters from the parameter buffer (`[0]`) and
-    /// from immediates (`[1]`).
-    cache: Mutex<[HashMap<String, Arc<Pipeline>>; 2]>,
+    cache: PipelineCache<Pipeline>,
 }
 
 impl Pipelines {
@@ -60,7 +59,7 @@ impl Pipelines {
             param_layout,
             group_layouts: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
-            cache: Mutex::new([HashMap::new(), HashMap::new()]),
+            cache: PipelineCache::default(),
         }
     }
 
@@ -123,10 +122,13 @@ impl Pipelines {
         immediate: bool,
         source: &mut dyn FnMut() -> Result<String>,
     ) -> Result<Arc<Pipeline>> {
-        if let Some(p) = lock(&self.cache)[usize::from(immediate)].get(key) {
-            return Ok(p.clone());
-        }
-        let src = source()?;
+        self.cache.get_or_build(key, immediate, || {
+            self.build(key, bindings, immediate, source()?)
+        })
+    }
+
+    /// Compiles the pipeline `key` from `src`.
+    fn build(&self, key: &str, bindings: usize, immediate: bool, src: String) -> Result<Pipeline> {
         let layout = self.layout(bindings, immediate);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
@@ -157,13 +159,11 @@ impl Pipelines {
                 log: format!("{err}\n{}", numbered.join("\n")),
             });
         }
-        let p = Arc::new(Pipeline {
+        Ok(Pipeline {
             pipeline,
             name: key.to_string(),
             bindings,
             immediate,
-        });
-        lock(&self.cache)[usize::from(immediate)].insert(key.to_string(), p.clone());
-        Ok(p)
+        })
     }
 }

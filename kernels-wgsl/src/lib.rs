@@ -3,23 +3,32 @@
 //!
 //! What this crate owns:
 //! - the kernel sources, one file per op family under `kernels/`, and their assembly into one
-//!   module per launch ([`source`]): parameter block, shared helpers, bindings generated for
+//!   module per launch (`source.rs`): parameter block, shared helpers, bindings generated for
 //!   the launch's dtypes, one `// @kernel NAME` section;
+//! - typed kernel parameters (`params.rs`): each kernel's parameter block is a struct declared
+//!   once with `param_block!`, beside its planner; the kernel reads `params.rows`, the planner
+//!   fills `rows` by name, and the words are the fields in order (at most 64, what immediates
+//!   hold). Shapes and strides are fixed-size arrays: 8 dimensions (6 batch dimensions for
+//!   matmul) after merging those every operand steps through alike; an op past them is
+//!   `Unsupported`, never truncated. The fields a family file's shared helpers read are in
+//!   every block of that file (one block per file but for the optimizers' and creation ops');
 //! - the family planners (`elementwise.rs`, `matmul.rs`, ...) that turn an op launch into
 //!   dispatches: pipeline key, source, bindings, parameter words and grid ([`Dispatch`]);
 //! - the splits that depend on how these kernels compute an op (matmul along K, convolutions
 //!   over im2col columns, embedding over table rows); every other op past one binding splits
 //!   through core's [`tessera_core::exec::split`], which calls back here for each part.
 //!
-//! What it does not own: recording, submitting and synchronizing work, pipeline and bind
-//! group caches, memory, host copies, profiling. A backend implements [`Gpu`] (capabilities,
-//! scratch, one dispatch) and calls [`launch`].
+//! What it does not own: compiling, recording, submitting and synchronizing work, bind
+//! groups, memory, host copies, profiling. A backend implements [`Gpu`] (capabilities,
+//! scratch, one dispatch) and calls [`launch`]; it keeps its compiled kernels in a
+//! [`PipelineCache`] by the dispatch's key.
 //!
 //! Kernels read and write every operand in place through its strides; data is f32, f16
 //! (where the device has it) or bf16 (16 bits packed in `u32` words), with i32/u32 indices
 //! and bool masks; arithmetic is f32 and 16-bit results round once, to nearest even.
 
 mod attention;
+mod cache;
 mod conv;
 mod dispatch;
 mod elementwise;
@@ -34,5 +43,6 @@ mod random;
 mod reduce;
 mod source;
 
+pub use cache::PipelineCache;
 pub use dispatch::launch;
 pub use gpu::{Binding, Caps, Dispatch, Gpu, WG};

@@ -120,4 +120,28 @@ mod tests {
         };
         assert_eq!(block.words(), vec![7, 0.5f32.to_bits(), 1, 2, 3]);
     }
+
+    /// Every kernel's block fits the 64 words that immediates hold.
+    #[test]
+    fn every_block_fits_immediates() {
+        let words = [
+            crate::attention::AttentionParams::default().words().len(),
+            crate::attention::RotaryParams::default().words().len(),
+            crate::conv::Im2colParams::default().words().len(),
+            crate::elementwise::MapParams::default().words().len(),
+            crate::loss::LossParams::default().words().len(),
+            crate::matmul::MatmulParams::default().words().len(),
+            crate::movement::MovementParams::default().words().len(),
+            crate::norm::NormParams::default().words().len(),
+            crate::optim::AdamParams::default().words().len(),
+            crate::optim::SgdParams::default().words().len(),
+            crate::optim::SquaresParams::default().words().len(),
+            crate::optim::SumParams::default().words().len(),
+            crate::random::FillParams::default().words().len(),
+            crate::random::ArangeParams::default().words().len(),
+            crate::random::RandomParams::default().words().len(),
+            crate::reduce::ReduceParams::default().words().len(),
+        ];
+        assert!(words.iter().all(|&w| w <= 64), "{words:?}");
+    }
 }

@@ -1,8 +1,9 @@
 //! A device's kernels by op and input dtypes, built once and shared by every launch.
 //!
-//! Backends compile finer-grained variants of a kernel underneath (a wgpu pipeline per tile
-//! shape or epilogue, keyed by op, dtypes and variant name): those caches are the backend's,
-//! since what a variant is depends on its kernels.
+//! Backends compile finer-grained variants of a kernel underneath (a pipeline per tile shape
+//! or head size, keyed by op, dtypes and variant name): what a variant is depends on the
+//! kernels, so that cache belongs to the kernels' crate (`tessera_wgsl::PipelineCache`, for
+//! the wgpu and Vulkan backends alike).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,4 +1,5 @@
-//! What the suite runs on: the devices under test and the shared fixtures folder.
+//! What the suite runs on and where it writes: the devices under test, the shared fixtures
+//! folder, the target directory.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,4 +47,14 @@ pub fn shared_dir() -> PathBuf {
 /// then fail).
 pub fn op_under_test(name: &str) -> bool {
     std::env::var("TESSERA_OPS").map_or(true, |only| only.split(',').any(|o| o == name))
+}
+
+/// The workspace target directory: `CARGO_TARGET_DIR`, else `../target` of this crate.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target"),
+    }
 }

@@ -9,33 +9,14 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use tessera::{open_device, DType, Device, Error, Op, Tensor, TensorSpec};
 
+use crate::check::Check;
+use crate::env::target_dir;
 use crate::prepare::{
     generate, needed_dtypes, prepare, reference_outputs, round_to, run_on_device, seed_of, Case,
     HostTensor, LaunchError, LaunchPlan, SplitMix,
 };
 use crate::samples::{uniform, Kind, Sample};
 use crate::timing::{Key, Ledger, Timing, COMPARE, REFERENCE};
-
-/// The three kinds of check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Check {
-    Forward,
-    Backward,
-    Gradcheck,
-}
-
-impl Check {
-    pub const ALL: [Check; 3] = [Check::Forward, Check::Backward, Check::Gradcheck];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Check::Forward => "forward",
-            Check::Backward => "backward",
-            Check::Gradcheck => "gradcheck",
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -966,16 +947,6 @@ impl Report {
         let json = serde_json::to_string_pretty(&self.rows).map_err(std::io::Error::other)?;
         std::fs::write(&path, json)?;
         Ok(path)
-    }
-}
-
-/// The workspace target directory: `CARGO_TARGET_DIR`, else `../target` of this crate.
-pub fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target"),
     }
 }
 

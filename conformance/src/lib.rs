@@ -1,6 +1,7 @@
 //! Tessera's conformance suite: every op of the catalog and every gradient, on every device
 //! present, against the CPU reference computing in f64 (DESIGN §7).
 //!
+//! - [`check`]: the kinds of check (forward, backward, gradient check).
 //! - [`samples`]: what to run, per op (an exhaustive match, so new ops need samples).
 //! - [`prepare`]: resolving samples into values and launching kernels with guarded outputs.
 //! - [`harness`]: the forward, backward and finite-difference checks, the coverage table and
@@ -11,12 +12,14 @@
 //! `TESSERA_DEVICES=cpu,wgpu` narrows the devices (and `TESSERA_OPS=matmul,conv2d` the ops of
 //! the `ops` and `wgpu_options` tests); `cargo test -p tessera-conformance` runs it.
 
+pub mod check;
 pub mod env;
 pub mod harness;
 pub mod prepare;
 pub mod samples;
 pub mod timing;
 
-pub use env::{devices_under_test, shared_dir};
-pub use harness::{compare, tolerance, Check, Report, Row, Status, Suite};
+pub use check::Check;
+pub use env::{devices_under_test, shared_dir, target_dir};
+pub use harness::{compare, tolerance, Report, Row, Status, Suite};
 pub use samples::{all_samples, samples, Sample};

@@ -11,7 +11,8 @@ use std::time::Instant;
 use serde::Serialize;
 use tessera::DType;
 
-use crate::harness::{target_dir, Check};
+use crate::check::Check;
+use crate::env::target_dir;
 
 /// Who spent the time: the CPU reference (preparing inputs, reference outputs and gradients,
 /// finite differences) or a device under test.

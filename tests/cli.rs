@@ -63,6 +63,23 @@ fn two_digit_addition_is_learned() {
     assert!(summary.checkpoint.exists() && summary.plot.exists() && summary.metrics.exists());
     let svg = std::fs::read_to_string(&summary.plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+    // A problem asked as people write it is answered as people write it: most-significant
+    // digit first, no padding, no end token (the model writes 64 as `4 6 0 .`).
+    let output = tessera()
+        .args(["generate", "--model", summary.checkpoint.to_str().unwrap()])
+        .args(["--prompt", "12+52=", "--device", "cpu"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let line = String::from_utf8(output.stdout).unwrap();
+    let sum = line
+        .trim()
+        .strip_prefix("12+52=")
+        .expect("the problem echoed");
+    assert!(
+        sum.parse::<u64>().is_ok() && !sum.starts_with('0'),
+        "answer `{sum}` is not written as a number"
+    );
 }
 
 #[test]

@@ -7,7 +7,9 @@ use clap::{Args, ValueEnum};
 
 use super::invalid;
 use crate::checkpoint;
-use crate::data::{AdditionTokenizer, ByteTokenizer, Gpt2Tokenizer, Tokenizer};
+use crate::data::{
+    parse_problem, AdditionTask, AdditionTokenizer, ByteTokenizer, Gpt2Tokenizer, Tokenizer,
+};
 use crate::generate::{generate, GenerateOptions, Sampling};
 use crate::models::Transformer;
 use crate::rng::RngState;
@@ -62,9 +64,10 @@ pub struct GenerateArgs {
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let device = super::open_device(args.device.as_deref())?;
-    let (model, trained_with) = if args.model.is_dir() {
+    let (model, trained_with, digits) = if args.model.is_dir() {
         (
             Transformer::from_hf_dir(&args.model, &device, DType::F32)?,
+            None,
             None,
         )
     } else {
@@ -75,6 +78,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             .get("tokenizer")
             .and_then(|t| t.as_str())
             .map(str::to_string);
+        let digits = loaded.state.run["args"]["digits"]
+            .as_u64()
+            .and_then(|d| usize::try_from(d).ok());
         let origin = args.model.display().to_string();
         (
             Transformer::from_host_tensors(
@@ -85,6 +91,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                 DType::F32,
             )?,
             tokenizer,
+            digits,
         )
     };
     let vocab = model.config.vocab_size;
@@ -119,6 +126,11 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
                     t.vocab_size()
                 ),
             ));
+        }
+    }
+    if choice == TokenizerChoice::Addition && args.ids.is_empty() {
+        if let Some((a, b)) = parse_problem(&args.prompt) {
+            return solve_addition(&model, digits, a, b, args);
         }
     }
     let prompt: Vec<u32> = if !args.ids.is_empty() {
@@ -180,4 +192,45 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         Some(e) => Err(Error::io("stdout", e)),
         None => Ok(()),
     }
+}
+
+/// An addition problem asked as people write it (`123+456=`), posed as the task poses it
+/// (operands zero-padded to the trained digit count, the answer emitted least-significant
+/// digit first) and answered as people write it: `123+456=579`. Without a recorded digit
+/// count (a model directory), the wider operand's is used.
+fn solve_addition(
+    model: &Transformer,
+    digits: Option<usize>,
+    a: u64,
+    b: u64,
+    args: &GenerateArgs,
+) -> Result<()> {
+    let widest = a.max(b).checked_ilog10().unwrap_or(0) as usize + 1;
+    let task = AdditionTask::new(digits.unwrap_or(widest))?;
+    let prompt = task.encode_problem(a, b)?;
+    let options = GenerateOptions {
+        max_new_tokens: task.answer_len(),
+        sampling: Sampling {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+        },
+        stop_tokens: vec![task.eos()],
+    };
+    let mut answer = Vec::new();
+    generate(
+        model,
+        &prompt,
+        &options,
+        &mut RngState::new(args.seed),
+        &mut |t| answer.push(t),
+    )?;
+    match task.show(a, b, &answer) {
+        Some(line) => println!("{line}"),
+        None => println!(
+            "{a}+{b}= (the model wrote `{}`, which is no number)",
+            AdditionTokenizer.decode(&answer)
+        ),
+    }
+    Ok(())
 }

@@ -195,6 +195,13 @@ impl AdditionTask {
         })
     }
 
+    /// The problem and its answer as people write them, most-significant digit first and
+    /// without padding (`123+456=579`), from the answer tokens a model emitted (least
+    /// significant first, zero-padded, then the end token). `None` when they are no number.
+    pub fn show(&self, a: u64, b: u64, answer: &[u32]) -> Option<String> {
+        Some(format!("{a}+{b}={}", self.decode_answer(answer)?))
+    }
+
     /// Whether `(a, b)` belongs to the held-out pool, which training never samples.
     pub fn is_heldout(&self, a: u64, b: u64) -> bool {
         splitmix64((a << 32) | b) % 100 < HELDOUT_PERCENT
@@ -289,6 +296,20 @@ impl AdditionTask {
 }
 
 /// The tokens before the first end token.
+/// The operands of a problem written as people write it: `123+456=` (spaces allowed, the `=`
+/// optional). `None` for any other text.
+pub fn parse_problem(text: &str) -> Option<(u64, u64)> {
+    let text: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let text = text.strip_suffix('=').unwrap_or(&text);
+    let (a, b) = text.split_once('+')?;
+    let number = |s: &str| {
+        (!s.is_empty() && s.chars().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    Some((number(a)?, number(b)?))
+}
+
 fn answer_digits(tokens: &[u32]) -> &[u32] {
     let end = tokens
         .iter()
@@ -354,6 +375,40 @@ impl Tokenizer for AdditionTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_shown_as_people_write_it() {
+        let task = AdditionTask::new(3).unwrap();
+        // 123 + 456 = 579, emitted least-significant digit first and zero-padded: 9 7 5 0 .
+        assert_eq!(
+            task.show(123, 456, &[9, 7, 5, 0, END]).as_deref(),
+            Some("123+456=579")
+        );
+        assert_eq!(
+            task.show(999, 1, &[0, 0, 0, 1, END]).as_deref(),
+            Some("999+1=1000")
+        );
+        assert_eq!(task.show(0, 0, &[0, 0, 0, 0]).as_deref(), Some("0+0=0"));
+        assert_eq!(task.show(1, 2, &[PLUS, 3, END]), None);
+    }
+
+    #[test]
+    fn problems_parse_as_people_write_them() {
+        assert_eq!(parse_problem("123+456="), Some((123, 456)));
+        assert_eq!(parse_problem(" 7 + 05 "), Some((7, 5)));
+        for other in [
+            "",
+            "+",
+            "12+",
+            "+3=",
+            "1+2+3=",
+            "a+b=",
+            "-1+2=",
+            "99999999999999999999+1=",
+        ] {
+            assert_eq!(parse_problem(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn encoding() {

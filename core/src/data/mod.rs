@@ -11,7 +11,7 @@ mod addition;
 mod text;
 mod tokenizer;
 
-pub use addition::{AdditionTask, AdditionTokenizer, SUCCESS_BAR};
+pub use addition::{parse_problem, AdditionTask, AdditionTokenizer, SUCCESS_BAR};
 pub use text::{Split, TextDataset, DEFAULT_VAL_FRACTION};
 pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, Tokenizer};
 

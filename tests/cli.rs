@@ -329,3 +329,93 @@ fn safetensors_loader_survives_every_truncation_and_bit_flips() {
         let _ = tessera::io::parse(&copy, "flipped");
     }
 }
+
+/// A run refuses an `--out` holding another run's checkpoint and metrics, unless it resumes
+/// that run or is told to `--overwrite`, which replaces both (no metrics of two runs in one
+/// file) and removes checkpoint temporaries left by killed processes.
+#[test]
+fn another_runs_out_is_refused_unless_overwritten() {
+    let dir = temp_dir("claim");
+    let d = dir.to_str().unwrap();
+    let tiny = [
+        "--digits",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--steps",
+        "3",
+        "--log-every",
+        "1",
+        "--out",
+        d,
+    ];
+    let first = run(&train_args(&tiny)).unwrap();
+    let checkpoint = std::fs::read(&first.checkpoint).unwrap();
+    let metrics = std::fs::read_to_string(&first.metrics).unwrap();
+    let refused = run(&train_args(&tiny)).unwrap_err().to_string();
+    assert!(refused.contains("--overwrite"), "{refused}");
+    assert_eq!(std::fs::read(&first.checkpoint).unwrap(), checkpoint);
+    assert_eq!(std::fs::read_to_string(&first.metrics).unwrap(), metrics);
+
+    let stale = dir.join(".checkpoint.safetensors.tmp4000000000");
+    std::fs::write(&stale, b"left by a killed run").unwrap();
+    let mut overwrite = tiny.to_vec();
+    overwrite.extend(["--overwrite", "--seed", "7"]);
+    let second = run(&train_args(&overwrite)).unwrap();
+    assert!(!stale.exists());
+    assert_ne!(std::fs::read(&second.checkpoint).unwrap(), checkpoint);
+    let lines = |text: &str| text.lines().count();
+    let rewritten = std::fs::read_to_string(&second.metrics).unwrap();
+    assert_eq!(lines(&rewritten), lines(&metrics), "{rewritten}");
+
+    let resume = [
+        "--resume",
+        second.checkpoint.to_str().unwrap(),
+        "--steps",
+        "5",
+        "--out",
+        d,
+    ];
+    assert_eq!(run(&train_args(&resume)).unwrap().steps, 5);
+}
+
+/// A checkpoint of another format is refused by name, not read as this one.
+#[test]
+fn a_checkpoint_of_another_format_is_refused() {
+    let dir = temp_dir("format");
+    let tiny = [
+        "--digits",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let path = run(&train_args(&tiny)).unwrap().checkpoint;
+    let bytes = std::fs::read(&path).unwrap();
+    let (from, to) = (b"tessera-checkpoint-1", b"tessera-checkpoint-9");
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the format is in the header");
+    let mut other = bytes.clone();
+    other[at..at + to.len()].copy_from_slice(to);
+    let renamed = dir.join("other.safetensors");
+    std::fs::write(&renamed, other).unwrap();
+    let err = tessera::checkpoint::load(&renamed)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("tessera-checkpoint-9"), "{err}");
+    assert!(tessera::checkpoint::load(&path).is_ok());
+}

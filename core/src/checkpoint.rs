@@ -45,6 +45,9 @@ fn rng_from(v: &Value, origin: &str, what: &str) -> Result<RngState> {
     })
 }
 
+/// The checkpoint format this build writes and reads.
+pub const FORMAT: &str = "tessera-checkpoint-1";
+
 /// Saves model, optimizer and state to `path` atomically.
 pub fn save(
     path: &Path,
@@ -59,7 +62,7 @@ pub fn save(
         .collect();
     tensors.extend(optimizer.state()?);
     let meta = json!({
-        "format": "tessera-checkpoint-1",
+        "format": FORMAT,
         "config": model.config.to_hf_json(),
         "step": state.step.to_string(),
         "rng": rng_json(&state.rng),
@@ -95,6 +98,18 @@ pub fn load(path: &Path) -> Result<Loaded> {
         })?;
     let meta: Value =
         serde_json::from_str(raw).map_err(|e| Error::format(&origin, format!("metadata: {e}")))?;
+    match meta.get("format").and_then(Value::as_str) {
+        Some(FORMAT) => {}
+        other => {
+            return Err(Error::format(
+                &origin,
+                format!(
+                    "checkpoint format {} (this build reads {FORMAT})",
+                    other.map_or_else(|| "missing".to_string(), |f| format!("`{f}`"))
+                ),
+            ))
+        }
+    }
     let config_text = meta
         .get("config")
         .map(Value::to_string)

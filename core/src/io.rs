@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 
@@ -186,6 +186,49 @@ pub fn load_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
         .collect())
 }
 
+/// The temporary file [`write_atomic`] writes `path` through in process `pid`.
+fn temporary(dir: &Path, file_name: &std::ffi::OsStr, pid: u32) -> PathBuf {
+    dir.join(format!(".{}.tmp{pid}", file_name.to_string_lossy()))
+}
+
+/// Removes the temporary files of [`write_atomic`] for `path` left by processes that no longer
+/// run (killed while writing): where `/proc` lists processes, those of absent processes, else
+/// every one but this process's.
+pub fn remove_stale_temporaries(path: &Path) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Some(file_name) = path.file_name() else {
+        return Ok(());
+    };
+    let prefix = format!(".{}.tmp", file_name.to_string_lossy());
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    let proc_fs = Path::new("/proc/self").exists();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let running = match proc_fs {
+            true => Path::new("/proc").join(pid.to_string()).exists(),
+            false => pid == std::process::id(),
+        };
+        if !running {
+            std::fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` through a synced temporary file and a rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
@@ -196,11 +239,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let file_name = path
         .file_name()
         .ok_or_else(|| Error::format(path.display().to_string(), "not a file path"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = temporary(dir, file_name, std::process::id());
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;

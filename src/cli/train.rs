@@ -15,6 +15,7 @@ use crate::data::{
     AdditionTask, ByteTokenizer, Gpt2Tokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR,
 };
 use crate::generate::greedy_batch;
+use crate::io;
 use crate::models::{Transformer, TransformerConfig};
 use crate::optim::Schedule;
 use crate::rng::RngState;
@@ -131,6 +132,11 @@ pub struct TrainArgs {
     /// Continue the run saved in this checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Replace another run's checkpoint, metrics and plot in --out (without it, a run refuses
+    /// an --out that holds another run's, unless it resumes that run).
+    #[arg(long)]
+    #[serde(default)]
+    pub overwrite: bool,
     /// Stop (with a checkpoint) after this many steps of this invocation, keeping the
     /// schedule of --steps, so that a long run can be split into sessions with --resume.
     #[arg(long)]
@@ -290,6 +296,41 @@ fn options(args: &TrainArgs) -> TrainOptions {
     }
 }
 
+/// Makes `--out` this run's: an `--out` holding another run's checkpoint or metrics is
+/// refused (its checkpoint would be replaced and the metrics of both runs mixed) unless this
+/// run resumes that checkpoint, or `--overwrite` is given, which clears the old metrics.
+fn claim_out(args: &TrainArgs, checkpoint: &Path, metrics: &Path) -> Result<()> {
+    let resumes_it = match &args.resume {
+        Some(resume) => std::fs::canonicalize(resume)
+            .ok()
+            .zip(std::fs::canonicalize(checkpoint).ok())
+            .is_some_and(|(a, b)| a == b),
+        None => false,
+    };
+    let held = [checkpoint, metrics].into_iter().find(|p| p.exists());
+    match held {
+        Some(found) if !resumes_it && !args.overwrite => Err(Error::invalid(
+            "train",
+            format!(
+                "{} holds another run's {}: pass --resume {} to continue it, --overwrite to \
+                 replace it, or another --out",
+                args.out.display(),
+                found
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into()),
+                checkpoint.display()
+            ),
+        )),
+        Some(_) if !resumes_it => std::fs::remove_file(metrics)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .map_err(|e| Error::io(metrics, e)),
+        _ => Ok(()),
+    }
+}
+
 /// The options a run uses: a resumed run's stored options, with this invocation's steps,
 /// device and output settings.
 fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loaded>)> {
@@ -310,6 +351,7 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
     merged.out.clone_from(&args.out);
     merged.quiet = args.quiet;
     merged.resume.clone_from(&args.resume);
+    merged.overwrite = args.overwrite;
     merged.halt_after = args.halt_after;
     Ok((merged, Some(loaded)))
 }
@@ -345,6 +387,8 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     let checkpoint_path = args.out.join("checkpoint.safetensors");
     let metrics_path = args.out.join("metrics.jsonl");
     let plot_path = args.out.join("loss.svg");
+    claim_out(&args, &checkpoint_path, &metrics_path)?;
+    io::remove_stale_temporaries(&checkpoint_path)?;
     let mut metrics = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

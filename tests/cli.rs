@@ -214,6 +214,54 @@ fn bad_arguments_give_one_error_line() {
     fails(&["generate", "--model", "/nonexistent/checkpoint.safetensors"]);
     fails(&["generate", "--model", "/nonexistent-dir/"]);
     fails(&["bogus-command"]);
+    for [flag, value] in [
+        ["--prompt", "18446744073709551615"],
+        ["--batch", "4611686018427387904"],
+    ] {
+        let args = ["bench", "decode", "--device", "cpu", flag, value];
+        fails(&args);
+        let stderr = String::from_utf8(tessera().args(args).output().unwrap().stderr).unwrap();
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
+    // Sizes that wrap or cannot be allocated, and values no run can use, are refused before
+    // anything runs, by an error naming the option.
+    let out = temp_dir("bad-arguments");
+    for [flag, value] in [
+        ["--accum", "18446744073709551615"],
+        ["--batch", "4611686018427387904"],
+        ["--batch", "1000000000"],
+        ["--weight-decay", "nan"],
+        ["--grad-clip", "nan"],
+        ["--min-lr", "nan"],
+        ["--min-lr", "1"],
+        ["--eval-size", "0"],
+        ["--steps", "0"],
+    ] {
+        let mut args = vec![
+            "train",
+            "--device",
+            "cpu",
+            "--digits",
+            "1",
+            "--d-model",
+            "16",
+        ];
+        args.extend([
+            "--heads",
+            "2",
+            "--layers",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        if flag != "--steps" {
+            args.extend(["--steps", "1"]);
+        }
+        args.extend([flag, value]);
+        fails(&args);
+        let stderr = String::from_utf8(tessera().args(&args).output().unwrap().stderr).unwrap();
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
 }
 
 #[test]

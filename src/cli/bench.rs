@@ -150,7 +150,34 @@ fn validate(args: &BenchArgs) -> Result<()> {
     if args.vocab > u32::MAX as usize {
         return Err(invalid("bench", "--vocab must fit token ids in u32"));
     }
-    Ok(())
+    // The decoding model has a position per prompt and new token; its tables are indexed
+    // with 32-bit integers.
+    match args.prompt.checked_add(args.new_tokens) {
+        Some(positions) if positions <= i32::MAX as usize => {}
+        _ => {
+            return Err(invalid(
+                "bench",
+                format!(
+                    "--prompt {} plus --new-tokens {} is past {} positions",
+                    args.prompt,
+                    args.new_tokens,
+                    i32::MAX
+                ),
+            ))
+        }
+    }
+    match args.batch.checked_mul(args.seq) {
+        Some(tokens) if tokens <= i32::MAX as usize => Ok(()),
+        _ => Err(invalid(
+            "bench",
+            format!(
+                "--batch {} of --seq {} is past {} tokens per step",
+                args.batch,
+                args.seq,
+                i32::MAX
+            ),
+        )),
+    }
 }
 
 /// The benchmark model: GPT-2 shaped, with as many positions as the peer's model has

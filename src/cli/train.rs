@@ -233,10 +233,31 @@ fn validate(args: &TrainArgs) -> Result<()> {
             ),
         ));
     }
-    if !(args.lr > 0.0 && args.lr.is_finite()) || args.weight_decay < 0.0 || args.grad_clip < 0.0 {
+    let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
+    if !(args.lr > 0.0 && args.lr.is_finite())
+        || !finite_non_negative(args.weight_decay)
+        || !finite_non_negative(args.grad_clip)
+    {
         return Err(invalid(
             "train",
-            "--lr must be positive; --weight-decay and --grad-clip must be >= 0",
+            "--lr must be positive and finite; --weight-decay and --grad-clip finite and >= 0",
+        ));
+    }
+    if let Some(min_lr) = args.min_lr {
+        if !(finite_non_negative(min_lr) && min_lr <= args.lr) {
+            return Err(invalid(
+                "train",
+                format!(
+                    "--min-lr {min_lr} must be finite, >= 0 and at most --lr {}",
+                    args.lr
+                ),
+            ));
+        }
+    }
+    if args.steps == 0 || args.eval_size == 0 {
+        return Err(invalid(
+            "train",
+            "--steps and --eval-size must be at least 1",
         ));
     }
     if args.eval_every == 0 || args.checkpoint_every == 0 || args.log_every == 0 {
@@ -249,6 +270,28 @@ fn validate(args: &TrainArgs) -> Result<()> {
         return Err(invalid("train", "--seq must be at least 2"));
     }
     Ok(())
+}
+
+/// The most tokens of one micro-batch: its ids, positions and logits rows are indexed with
+/// 32-bit integers by the GPU kernels.
+const MAX_MICRO_BATCH_TOKENS: usize = i32::MAX as usize;
+
+/// Checks the tokens of a micro-batch (`--batch` sequences of `seq`) and of a step (times
+/// `--accum`) with checked arithmetic, before anything of that size is allocated.
+fn check_step_size(args: &TrainArgs, seq: usize) -> Result<()> {
+    let micro = args.batch.checked_mul(seq);
+    let step = micro.and_then(|m| m.checked_mul(args.accum));
+    match (micro, step) {
+        (Some(micro), Some(_)) if micro <= MAX_MICRO_BATCH_TOKENS => Ok(()),
+        _ => Err(invalid(
+            "train",
+            format!(
+                "--batch {} of {seq} tokens times --accum {} is past {MAX_MICRO_BATCH_TOKENS} \
+                 tokens per micro-batch or does not fit a machine word",
+                args.batch, args.accum
+            ),
+        )),
+    }
 }
 
 fn model_config(args: &TrainArgs, vocab: usize, seq: usize) -> TransformerConfig {
@@ -362,6 +405,7 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     validate(&args)?;
     let device = super::open_device(args.device.as_deref())?;
     let (task, vocab, seq, tokenizer) = Task::load(&args)?;
+    check_step_size(&args, seq)?;
     let mut trainer = match resumed {
         Some(loaded) => Trainer::from_checkpoint(
             loaded,

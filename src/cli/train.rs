@@ -234,10 +234,11 @@ fn validate(args: &TrainArgs) -> Result<()> {
         ));
     }
     let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
-    if !(args.lr > 0.0 && args.lr.is_finite())
-        || !finite_non_negative(args.weight_decay)
-        || !finite_non_negative(args.grad_clip)
-    {
+    let usable = args.lr > 0.0
+        && args.lr.is_finite()
+        && finite_non_negative(args.weight_decay)
+        && finite_non_negative(args.grad_clip);
+    if !usable {
         return Err(invalid(
             "train",
             "--lr must be positive and finite; --weight-decay and --grad-clip finite and >= 0",

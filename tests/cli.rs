@@ -235,6 +235,7 @@ fn bad_arguments_give_one_error_line() {
         ["--min-lr", "nan"],
         ["--min-lr", "1"],
         ["--eval-size", "0"],
+        ["--eval-size", "1000000000"],
         ["--steps", "0"],
     ] {
         let mut args = vec![
@@ -466,4 +467,70 @@ fn a_checkpoint_of_another_format_is_refused() {
         .to_string();
     assert!(err.contains("tessera-checkpoint-9"), "{err}");
     assert!(tessera::checkpoint::load(&path).is_ok());
+}
+
+/// The shared folder: `TESSERA_SHARED`, else `../shared` beside the workspace.
+fn shared_dir() -> PathBuf {
+    match std::env::var_os("TESSERA_SHARED") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"),
+    }
+}
+
+/// Sizes in a model directory's `config.json` that wrap, overflow a tensor or name more
+/// layers than the weights hold give one error line, before anything of their size is
+/// allocated (once panics, aborts and tens of GB of rotary tables); a Llama's
+/// `max_position_embeddings` only bounds how far it may go, and costs nothing up front.
+#[test]
+fn config_sizes_from_outside_are_checked_before_anything_is_built() {
+    let cases = [
+        ("gpt2-tiny", "n_layer", "18446744073709551615", false),
+        ("gpt2-tiny", "n_layer", "1000000000", false),
+        ("gpt2-tiny", "n_positions", "1000000000000000000", false),
+        ("gpt2-tiny", "vocab_size", "4294967296", false),
+        ("llama-tiny", "num_hidden_layers", "1000000000", false),
+        ("llama-tiny", "head_dim", "9223372036854775808", false),
+        ("llama-tiny", "head_dim", "4294967296", false),
+        (
+            "llama-tiny",
+            "max_position_embeddings",
+            "1000000000000000000",
+            true,
+        ),
+        ("llama-tiny", "max_position_embeddings", "100000000", true),
+    ];
+    for (fixture, key, value, loads) in cases {
+        let source = shared_dir().join("fixtures/hf").join(fixture);
+        if !source.exists() {
+            eprintln!(
+                "note: {} is absent; the case of {key} is not run",
+                source.display()
+            );
+            continue;
+        }
+        let dir = temp_dir(&format!("config-{fixture}-{key}-{value}"));
+        std::fs::copy(
+            source.join("model.safetensors"),
+            dir.join("model.safetensors"),
+        )
+        .unwrap();
+        let config = std::fs::read_to_string(source.join("config.json")).unwrap();
+        let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        config[key] = serde_json::from_str(value).unwrap();
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let model = dir.to_str().unwrap();
+        let args = [
+            "generate", "--model", model, "--ids", "1", "--device", "cpu",
+        ];
+        if loads {
+            let out = tessera()
+                .args(args)
+                .args(["--max-new-tokens", "3"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{key} {value}: {out:?}");
+        } else {
+            fails(&args);
+        }
+    }
 }

@@ -255,10 +255,13 @@ fn validate(args: &TrainArgs) -> Result<()> {
             ));
         }
     }
-    if args.steps == 0 || args.eval_size == 0 {
+    if args.steps == 0 || !(1..=AdditionTask::MAX_EVAL_SIZE).contains(&args.eval_size) {
         return Err(invalid(
             "train",
-            "--steps and --eval-size must be at least 1",
+            format!(
+                "--steps must be at least 1 and --eval-size in 1..={}",
+                AdditionTask::MAX_EVAL_SIZE
+            ),
         ));
     }
     if args.eval_every == 0 || args.checkpoint_every == 0 || args.log_every == 0 {

@@ -86,6 +86,9 @@ impl AdditionTask {
     /// Enough problems that [`SUCCESS_BAR`] is measured to about ±1%, few enough that greedy
     /// decoding all of them takes seconds on a CPU.
     pub const DEFAULT_EVAL_SIZE: usize = 500;
+    /// The most held-out problems an evaluation draws: far fewer than the pool holds for any
+    /// digit count that samples its problems (10% of more than 2^20 pairs), so drawing ends.
+    pub const MAX_EVAL_SIZE: usize = 100_000;
     /// Nine digits keep both operands below 2^32 (the held-out hash packs them into a u64).
     pub const MAX_DIGITS: usize = 9;
 
@@ -255,6 +258,7 @@ impl AdditionTask {
             pool.truncate(n);
             return pool;
         }
+        let n = n.min(Self::MAX_EVAL_SIZE);
         let mut seen = HashSet::with_capacity(n);
         let mut out = Vec::with_capacity(n);
         while out.len() < n {

@@ -115,13 +115,36 @@ impl TransformerConfig {
         {
             return bad(format!("every size must be positive: {self:?}"));
         }
+        // Sizes come from files: every product is checked before anything is built, and no
+        // tensor of the model may hold more elements than kernels index (32 bits).
+        let attention = self.n_head.checked_mul(self.head_dim);
+        let kv = self.n_kv_head.checked_mul(self.head_dim);
+        // (Llama's rotary tables cover only the positions used: `nn::Rotary`.)
+        let gpt2 = self.family == Family::Gpt2;
+        let positions = if gpt2 { self.max_positions } else { 1 };
+        let (vocab, d) = (self.vocab_size, self.d_model);
+        let tensors = [
+            ("vocab_size x hidden size", Some(vocab), d),
+            ("positions x hidden size", Some(positions), d),
+            ("heads x head_dim x hidden size", attention, d),
+            ("key/value heads x head_dim x hidden size", kv, d),
+            ("hidden size x feed-forward size", Some(d), self.d_ff),
+        ];
+        for (what, rows, cols) in tensors {
+            let elements = rows.and_then(|r| r.checked_mul(cols));
+            if elements.is_none_or(|n| n > u32::MAX as usize) {
+                return bad(format!(
+                    "{what} is past 2^32 elements, the most one tensor holds: {self:?}"
+                ));
+            }
+        }
         if !self.n_head.is_multiple_of(self.n_kv_head) {
             return bad(format!(
                 "{} heads are not a multiple of {} key/value heads",
                 self.n_head, self.n_kv_head
             ));
         }
-        if self.family == Family::Gpt2 && self.n_head * self.head_dim != self.d_model {
+        if gpt2 && attention != Some(self.d_model) {
             return bad(format!(
                 "GPT-2 needs n_embd {} divisible by n_head {}",
                 self.d_model, self.n_head

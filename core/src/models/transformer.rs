@@ -149,7 +149,9 @@ impl Transformer {
         } else {
             None
         };
-        let mut blocks = Vec::with_capacity(c.n_layer);
+        // Layers are built (or read) one at a time: a layer count from a file is never trusted
+        // with an allocation of its own, the first missing layer ends the load.
+        let mut blocks = Vec::new();
         for i in 0..c.n_layer {
             let prefix = join(top, &format!("{}.{i}", if gpt2 { "h" } else { "layers" }));
             let names: [&'static str; 4] = if gpt2 {

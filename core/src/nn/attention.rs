@@ -1,16 +1,30 @@
 //! Causal self-attention with grouped-query heads, rotary embeddings and a KV cache.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{join, Linear, Module};
 use crate::{DType, Device, Result, Tensor};
 
-/// Rotary position tables `[max_positions, head_dim / 2]`, computed as Hugging Face Llama
+/// Rotary position tables `[positions, head_dim / 2]`, computed as Hugging Face Llama
 /// computes them (inverse frequencies and angles in f32), then converted to the model dtype.
+///
+/// The tables cover the positions used so far, grown (at least doubled) when a sequence
+/// reaches past them, up to `max_positions`: a config's `max_position_embeddings` says how
+/// far a model may go, and building tables that far ahead would cost gigabytes for large
+/// values before any token is seen. A row depends only on its position, so growing changes
+/// no value.
 pub struct Rotary {
-    cos: Tensor,
-    sin: Tensor,
+    head_dim: usize,
+    max_positions: usize,
+    theta: f64,
+    dtype: DType,
+    device: Arc<dyn Device>,
+    /// cos and sin over the positions covered so far.
+    tables: Mutex<Option<(Tensor, Tensor)>>,
 }
+
+/// Positions the tables cover at least once built, so that decoding grows them seldom.
+const MIN_ROWS: usize = 256;
 
 impl Rotary {
     pub fn new(
@@ -20,23 +34,46 @@ impl Rotary {
         dtype: DType,
         device: &Arc<dyn Device>,
     ) -> Result<Self> {
-        let half = head_dim / 2;
+        Ok(Rotary {
+            head_dim,
+            max_positions,
+            theta,
+            dtype,
+            device: device.clone(),
+            tables: Mutex::new(None),
+        })
+    }
+
+    /// cos and sin over at least the first `needed` positions (at most `max_positions`).
+    fn tables(&self, needed: usize) -> Result<(Tensor, Tensor)> {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        let covered = tables.as_ref().map_or(0, |(cos, _)| cos.shape()[0]);
+        if let Some((cos, sin)) = tables.as_ref().filter(|_| covered >= needed) {
+            return Ok((cos.clone(), sin.clone()));
+        }
+        let rows = needed
+            .max(2 * covered)
+            .max(MIN_ROWS)
+            .min(self.max_positions);
+        let half = self.head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+            .map(|i| 1.0 / (self.theta as f32).powf((2 * i) as f32 / self.head_dim as f32))
             .collect();
-        let mut cos = Vec::with_capacity(max_positions * half);
-        let mut sin = Vec::with_capacity(max_positions * half);
-        for pos in 0..max_positions {
+        let mut cos = Vec::with_capacity(rows * half);
+        let mut sin = Vec::with_capacity(rows * half);
+        for pos in 0..rows {
             for &f in &inv_freq {
                 let angle = pos as f32 * f;
                 cos.push(f64::from(angle.cos()));
                 sin.push(f64::from(angle.sin()));
             }
         }
-        Ok(Rotary {
-            cos: Tensor::from_f64(&cos, &[max_positions, half], dtype, device)?,
-            sin: Tensor::from_f64(&sin, &[max_positions, half], dtype, device)?,
-        })
+        let built = (
+            Tensor::from_f64(&cos, &[rows, half], self.dtype, &self.device)?,
+            Tensor::from_f64(&sin, &[rows, half], self.dtype, &self.device)?,
+        );
+        *tables = Some(built.clone());
+        Ok(built)
     }
 
     /// Rotates `x [B, H, T, D]` whose first row is at position `start`.
@@ -47,19 +84,19 @@ impl Rotary {
                 format!("x must be [B, H, T, D]; got {:?}", x.shape()),
             ));
         };
-        let max = self.cos.shape()[0];
-        if start + t > max {
+        let end = start
+            .checked_add(t)
+            .filter(|&end| end <= self.max_positions);
+        let Some(end) = end else {
             return Err(crate::Error::Index {
                 op: "rotary".into(),
-                index: (start + t) as isize,
-                size: max,
+                index: start.saturating_add(t) as isize,
+                size: self.max_positions,
                 shape: x.shape().to_vec(),
             });
-        }
-        x.rotary(
-            &self.cos.narrow(0, start, t)?,
-            &self.sin.narrow(0, start, t)?,
-        )
+        };
+        let (cos, sin) = self.tables(end)?;
+        x.rotary(&cos.narrow(0, start, t)?, &sin.narrow(0, start, t)?)
     }
 }
 

@@ -534,3 +534,69 @@ fn config_sizes_from_outside_are_checked_before_anything_is_built() {
         }
     }
 }
+
+/// Inputs a model cannot read are refused by name instead of dropped or ignored: prompt
+/// characters outside the addition task's, a prompt longer than the context, weights that
+/// are not finite.
+#[test]
+fn unreadable_inputs_are_refused_by_name() {
+    let dir = temp_dir("unreadable");
+    let tiny = [
+        "--digits",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+    ];
+    let checkpoint = run(&train_args(&tiny)).unwrap().checkpoint;
+    let model = checkpoint.to_str().unwrap();
+    let stderr = |args: &[&str]| {
+        fails(args);
+        String::from_utf8(tessera().args(args).output().unwrap().stderr).unwrap()
+    };
+    let foreign = stderr(&[
+        "generate", "--model", model, "--prompt", "1+x=", "--device", "cpu",
+    ]);
+    assert!(foreign.contains("`x`"), "{foreign}");
+    let long: Vec<String> = (0..100).map(|_| "1".to_string()).collect();
+    let long = long.join(",");
+    let too_long = stderr(&[
+        "generate", "--model", model, "--ids", &long, "--device", "cpu",
+    ]);
+    assert!(too_long.contains("100 tokens"), "{too_long}");
+
+    let source = shared_dir().join("fixtures/hf/gpt2-tiny");
+    if !source.exists() {
+        eprintln!(
+            "note: {} is absent; the non-finite case is not run",
+            source.display()
+        );
+        return;
+    }
+    let hf = dir.join("nan");
+    std::fs::create_dir_all(&hf).unwrap();
+    std::fs::copy(source.join("config.json"), hf.join("config.json")).unwrap();
+    let mut tensors = tessera::io::load(&source.join("model.safetensors")).unwrap();
+    let weight = tensors
+        .iter_mut()
+        .find(|(name, t)| name.ends_with("ln_f.weight") && t.dtype == tessera::DType::F32)
+        .map(|(_, t)| t)
+        .expect("a final norm weight in f32");
+    weight.bytes[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    tessera::io::save(&hf.join("model.safetensors"), &tensors, &BTreeMap::new()).unwrap();
+    let model = hf.to_str().unwrap();
+    let nan = stderr(&[
+        "generate", "--model", model, "--ids", "1", "--device", "cpu",
+    ]);
+    assert!(
+        nan.contains("ln_f.weight") && nan.contains("not finite"),
+        "{nan}"
+    );
+}

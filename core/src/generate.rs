@@ -112,6 +112,16 @@ pub fn generate(
             "the prompt must hold at least one token",
         ));
     }
+    if prompt.len() > model.config.max_positions {
+        return Err(Error::invalid(
+            "generate",
+            format!(
+                "the prompt has {} tokens; the model reads at most {}",
+                prompt.len(),
+                model.config.max_positions
+            ),
+        ));
+    }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
         return Err(Error::Index {
             op: "generate".into(),

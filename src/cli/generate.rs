@@ -129,6 +129,19 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         }
     }
     if choice == TokenizerChoice::Addition && args.ids.is_empty() {
+        let foreign: String = args
+            .prompt
+            .chars()
+            .filter(|&c| !c.is_whitespace() && AdditionTokenizer.encode(&c.to_string()).is_empty())
+            .collect();
+        if !foreign.is_empty() {
+            return Err(invalid(
+                "generate",
+                format!(
+                    "the addition model reads the characters 0-9 + = . only; the prompt has `{foreign}`"
+                ),
+            ));
+        }
         if let Some((a, b)) = parse_problem(&args.prompt) {
             return solve_addition(&model, digits, a, b, args);
         }

@@ -81,6 +81,12 @@ impl Transformer {
                     format!("`{name}` is {}, not a float type", stored.dtype),
                 ));
             }
+            if stored.to_f64().iter().any(|v| !v.is_finite()) {
+                return Err(Error::format(
+                    origin,
+                    format!("`{name}` holds values that are not finite (NaN or infinity)"),
+                ));
+            }
             let conv = is_conv1d(family, name) && stored.shape.len() == 2;
             let oriented = if conv {
                 transpose_2d(stored)

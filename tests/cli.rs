@@ -430,6 +430,14 @@ fn another_runs_out_is_refused_unless_overwritten() {
         d,
     ];
     assert_eq!(run(&train_args(&resume)).unwrap().steps, 5);
+    // Options the resumed run would ignore are refused by name.
+    let mut ignored = resume.to_vec();
+    ignored.extend(["--lr", "0.5", "--batch", "3"]);
+    let refused = run(&train_args(&ignored)).unwrap_err().to_string();
+    assert!(
+        refused.contains("--lr 0.5") && refused.contains("--batch 3"),
+        "{refused}"
+    );
 }
 
 /// A checkpoint of another format is refused by name, not read as this one.

@@ -44,7 +44,8 @@ pub enum PrecisionArg {
 }
 
 /// Options of `tessera train`. A resumed run keeps the options it was started with, except
-/// `--steps`, `--device`, `--out` and the output settings.
+/// `--steps`, `--device`, `--out`, `--overwrite`, `--halt-after` and `--quiet`; another option
+/// given with `--resume` that differs from the run's own is refused, not ignored.
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct TrainArgs {
     /// Text file to train on; without it, the built-in multi-digit addition task.
@@ -378,6 +379,50 @@ fn claim_out(args: &TrainArgs, checkpoint: &Path, metrics: &Path) -> Result<()> 
     }
 }
 
+/// Options a resumed run takes from this invocation; every other one is the run's own.
+const RESUME_OPTIONS: [&str; 7] = [
+    "steps",
+    "device",
+    "out",
+    "quiet",
+    "resume",
+    "overwrite",
+    "halt_after",
+];
+
+/// Refuses options given to a resumed run that it would ignore (set away from their default
+/// and from the run's own value), instead of dropping them without a word.
+fn refuse_ignored_options(args: &TrainArgs, stored: &serde_json::Value) -> Result<()> {
+    let super::Command::Train(defaults) =
+        <super::Cli as clap::Parser>::parse_from(["tessera", "train"]).command
+    else {
+        return Ok(());
+    };
+    let (given, defaults) = (json!(args), json!(defaults));
+    let ignored: Vec<String> = given
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(name, value)| {
+            !RESUME_OPTIONS.contains(&name.as_str())
+                && defaults.get(name.as_str()) != Some(value)
+                && stored.get(name.as_str()) != Some(value)
+        })
+        .map(|(name, value)| format!("--{} {value}", name.replace('_', "-")))
+        .collect();
+    if ignored.is_empty() {
+        return Ok(());
+    }
+    Err(invalid(
+        "train",
+        format!(
+            "a resumed run keeps the options it was started with; {} would be ignored: drop \
+             them, or start a new run",
+            ignored.join(", ")
+        ),
+    ))
+}
+
 /// The options a run uses: a resumed run's stored options, with this invocation's steps,
 /// device and output settings.
 fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loaded>)> {
@@ -391,6 +436,7 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
             "checkpoint holds no training options",
         )
     })?;
+    refuse_ignored_options(args, &stored)?;
     let mut merged: TrainArgs = serde_json::from_value(stored)
         .map_err(|e| Error::format(path.display().to_string(), format!("training options: {e}")))?;
     merged.steps = args.steps;

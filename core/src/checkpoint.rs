@@ -84,10 +84,15 @@ pub struct Loaded {
 
 /// Reads a checkpoint written by [`save`], validating its metadata.
 pub fn load(path: &Path) -> Result<Loaded> {
-    let origin = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let tensors = io::parse(&bytes, &origin)?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+    parse(&bytes, &path.display().to_string())
+}
+
+/// Reads a checkpoint from its bytes; `origin` names it in errors.
+pub fn parse(bytes: &[u8], origin: &str) -> Result<Loaded> {
+    let origin = origin.to_string();
+    let tensors = io::parse(bytes, &origin)?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(bytes)
         .map_err(|e| Error::format(&origin, e.to_string()))?;
     let raw = header
         .metadata()

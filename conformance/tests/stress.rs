@@ -1,18 +1,18 @@
 //! Stress on every device under test: many threads sharing one device get the results one
 //! thread gets, bit for bit; running out of memory is an error the device recovers from; a
-//! training step never waits for the device; a read started early returns the values of its
-//! time; and memory stays flat over many steps.
+//! training step never waits for the device; and a read started early returns the values of
+//! its time. (Memory over many steps: `soak.rs`, a process of its own.)
 
 use std::sync::Arc;
 
-use serde_json::Value;
 use tessera::data::AdditionTask;
 use tessera::models::{Transformer, TransformerConfig};
-use tessera::optim::Schedule;
 use tessera::rng::RngState;
-use tessera::train::{Precision, TrainOptions, Trainer};
 use tessera::{DType, Device, Error, Tensor};
 use tessera_conformance::devices_under_test;
+
+mod common;
+use common::{batch, small_gpt_trainer};
 
 /// Logits and every gradient of a small Llama on `ids`, as host bytes.
 fn forward_backward(model: &Transformer, ids: &Tensor) -> Vec<Vec<f64>> {
@@ -155,31 +155,6 @@ fn a_read_started_early_sees_the_values_of_its_time() {
     }
 }
 
-fn small_gpt_trainer(device: &Arc<dyn Device>, task: &AdditionTask) -> Trainer {
-    let config = TransformerConfig::gpt2(task.vocab_size(), 16, 32, 2, 2);
-    let mut rng = RngState::new(5);
-    let model = Transformer::new(&config, device, DType::F32, &mut rng).unwrap();
-    let options = TrainOptions {
-        schedule: Schedule::constant(1e-3),
-        weight_decay: 0.01,
-        betas: (0.9, 0.98),
-        eps: 1e-8,
-        grad_clip: Some(1.0),
-        precision: Precision::F32,
-    };
-    Trainer::new(model, options, rng, RngState::new(6), Value::Null).unwrap()
-}
-
-fn batch(task: &AdditionTask, trainer: &mut Trainer) -> (Tensor, Tensor) {
-    let (inputs, targets, _) = task.sample_batch(8, &mut trainer.state.data_rng);
-    let device = trainer.device().clone();
-    let shape = [8, task.seq_len()];
-    (
-        Tensor::from_slice(&inputs, &shape, &device).unwrap(),
-        Tensor::from_slice(&targets, &shape, &device).unwrap(),
-    )
-}
-
 #[test]
 fn a_training_step_never_waits_for_the_device() {
     for device in devices_under_test() {
@@ -202,36 +177,5 @@ fn a_training_step_never_waits_for_the_device() {
                 "reading the loss is the one synchronization"
             );
         }
-    }
-}
-
-#[test]
-fn memory_is_flat_over_a_hundred_training_steps() {
-    for device in devices_under_test() {
-        let id = device.info().id();
-        let task = AdditionTask::new(2).unwrap();
-        let mut t = small_gpt_trainer(&device, &task);
-        let (mut in_use, mut reserved) = (Vec::new(), Vec::new());
-        for _ in 0..100 {
-            let b = batch(&task, &mut t);
-            drop(t.step(&[b]).unwrap());
-            device.synchronize().unwrap();
-            let stats = device.memory();
-            in_use.push(stats.in_use);
-            reserved.push(stats.reserved);
-        }
-        assert!(
-            in_use[5..].iter().all(|&m| m == in_use[5]),
-            "{id}: memory in use drifts: {in_use:?}"
-        );
-        assert!(
-            reserved[5..].iter().all(|&m| m <= reserved[5]),
-            "{id}: the pool keeps growing: {reserved:?}"
-        );
-        assert!(
-            device.memory().reuse_rate() > 0.9,
-            "{id}: the pool rarely reuses blocks: {:?}",
-            device.memory()
-        );
     }
 }

@@ -16,6 +16,15 @@ pub use tessera_vulkan;
 #[cfg(feature = "wgpu")]
 pub use tessera_wgpu;
 
+/// The folder of shared fixtures, data and benchmark scripts: `TESSERA_SHARED`, else
+/// `../shared` beside the workspace this crate was built from.
+pub fn shared_dir() -> std::path::PathBuf {
+    match std::env::var_os("TESSERA_SHARED") {
+        Some(dir) if !dir.is_empty() => dir.into(),
+        _ => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"),
+    }
+}
+
 /// Backends compiled into this build, for `tessera devices` and error messages.
 pub fn compiled_backends() -> Vec<&'static str> {
     let mut names = vec!["cpu"];

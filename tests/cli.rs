@@ -27,6 +27,16 @@ fn train_args(extra: &[&str]) -> TrainArgs {
     }
 }
 
+/// The smallest model `train` builds: 1-digit addition, one layer of width 16.
+const TINY_MODEL: &str = "--digits 1 --d-model 16 --heads 2 --layers 1";
+
+/// Training options for [`TINY_MODEL`] followed by `extra`.
+fn tiny_args(extra: &[&str]) -> TrainArgs {
+    let mut argv: Vec<&str> = TINY_MODEL.split(' ').collect();
+    argv.extend(extra);
+    train_args(&argv)
+}
+
 fn tensors(path: &Path) -> BTreeMap<String, Vec<u8>> {
     let loaded = checkpoint::load(path).unwrap();
     loaded
@@ -238,23 +248,8 @@ fn bad_arguments_give_one_error_line() {
         ["--eval-size", "1000000000"],
         ["--steps", "0"],
     ] {
-        let mut args = vec![
-            "train",
-            "--device",
-            "cpu",
-            "--digits",
-            "1",
-            "--d-model",
-            "16",
-        ];
-        args.extend([
-            "--heads",
-            "2",
-            "--layers",
-            "1",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let mut args = vec!["train", "--device", "cpu", "--out", out.to_str().unwrap()];
+        args.extend(TINY_MODEL.split(' '));
         if flag != "--steps" {
             args.extend(["--steps", "1"]);
         }
@@ -269,20 +264,7 @@ fn bad_arguments_give_one_error_line() {
 fn corrupt_and_truncated_files_give_one_error_line() {
     let dir = temp_dir("corrupt");
     let d = dir.to_str().unwrap();
-    let args = train_args(&[
-        "--digits",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--steps",
-        "2",
-        "--out",
-        d,
-    ]);
+    let args = tiny_args(&["--steps", "2", "--out", d]);
     let good = run(&args).unwrap().checkpoint;
     let bytes = std::fs::read(&good).unwrap();
     let bad = dir.join("bad.safetensors");
@@ -346,20 +328,7 @@ fn corrupt_and_truncated_files_give_one_error_line() {
 #[test]
 fn safetensors_loader_survives_every_truncation_and_bit_flips() {
     let dir = temp_dir("fuzz");
-    let args = train_args(&[
-        "--digits",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--steps",
-        "1",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    let args = tiny_args(&["--steps", "1", "--out", dir.to_str().unwrap()]);
     let bytes = std::fs::read(run(&args).unwrap().checkpoint).unwrap();
     for cut in 0..bytes.len().min(4096) {
         assert!(
@@ -386,26 +355,11 @@ fn safetensors_loader_survives_every_truncation_and_bit_flips() {
 fn another_runs_out_is_refused_unless_overwritten() {
     let dir = temp_dir("claim");
     let d = dir.to_str().unwrap();
-    let tiny = [
-        "--digits",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--steps",
-        "3",
-        "--log-every",
-        "1",
-        "--out",
-        d,
-    ];
-    let first = run(&train_args(&tiny)).unwrap();
+    let tiny = ["--steps", "3", "--log-every", "1", "--out", d];
+    let first = run(&tiny_args(&tiny)).unwrap();
     let checkpoint = std::fs::read(&first.checkpoint).unwrap();
     let metrics = std::fs::read_to_string(&first.metrics).unwrap();
-    let refused = run(&train_args(&tiny)).unwrap_err().to_string();
+    let refused = run(&tiny_args(&tiny)).unwrap_err().to_string();
     assert!(refused.contains("--overwrite"), "{refused}");
     assert_eq!(std::fs::read(&first.checkpoint).unwrap(), checkpoint);
     assert_eq!(std::fs::read_to_string(&first.metrics).unwrap(), metrics);
@@ -414,7 +368,7 @@ fn another_runs_out_is_refused_unless_overwritten() {
     std::fs::write(&stale, b"left by a killed run").unwrap();
     let mut overwrite = tiny.to_vec();
     overwrite.extend(["--overwrite", "--seed", "7"]);
-    let second = run(&train_args(&overwrite)).unwrap();
+    let second = run(&tiny_args(&overwrite)).unwrap();
     assert!(!stale.exists());
     assert_ne!(std::fs::read(&second.checkpoint).unwrap(), checkpoint);
     let lines = |text: &str| text.lines().count();
@@ -444,21 +398,8 @@ fn another_runs_out_is_refused_unless_overwritten() {
 #[test]
 fn a_checkpoint_of_another_format_is_refused() {
     let dir = temp_dir("format");
-    let tiny = [
-        "--digits",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--steps",
-        "1",
-        "--out",
-        dir.to_str().unwrap(),
-    ];
-    let path = run(&train_args(&tiny)).unwrap().checkpoint;
+    let tiny = ["--steps", "1", "--out", dir.to_str().unwrap()];
+    let path = run(&tiny_args(&tiny)).unwrap().checkpoint;
     let bytes = std::fs::read(&path).unwrap();
     let (from, to) = (b"tessera-checkpoint-1", b"tessera-checkpoint-9");
     let at = bytes
@@ -475,14 +416,6 @@ fn a_checkpoint_of_another_format_is_refused() {
         .to_string();
     assert!(err.contains("tessera-checkpoint-9"), "{err}");
     assert!(tessera::checkpoint::load(&path).is_ok());
-}
-
-/// The shared folder: `TESSERA_SHARED`, else `../shared` beside the workspace.
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("TESSERA_SHARED") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"),
-    }
 }
 
 /// Sizes in a model directory's `config.json` that wrap, overflow a tensor or name more
@@ -508,7 +441,7 @@ fn config_sizes_from_outside_are_checked_before_anything_is_built() {
         ("llama-tiny", "max_position_embeddings", "100000000", true),
     ];
     for (fixture, key, value, loads) in cases {
-        let source = shared_dir().join("fixtures/hf").join(fixture);
+        let source = tessera::shared_dir().join("fixtures/hf").join(fixture);
         if !source.exists() {
             eprintln!(
                 "note: {} is absent; the case of {key} is not run",
@@ -549,21 +482,8 @@ fn config_sizes_from_outside_are_checked_before_anything_is_built() {
 #[test]
 fn unreadable_inputs_are_refused_by_name() {
     let dir = temp_dir("unreadable");
-    let tiny = [
-        "--digits",
-        "1",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--steps",
-        "1",
-        "--out",
-        dir.to_str().unwrap(),
-    ];
-    let checkpoint = run(&train_args(&tiny)).unwrap().checkpoint;
+    let tiny = ["--steps", "1", "--out", dir.to_str().unwrap()];
+    let checkpoint = run(&tiny_args(&tiny)).unwrap().checkpoint;
     let model = checkpoint.to_str().unwrap();
     let stderr = |args: &[&str]| {
         fails(args);
@@ -580,7 +500,7 @@ fn unreadable_inputs_are_refused_by_name() {
     ]);
     assert!(too_long.contains("100 tokens"), "{too_long}");
 
-    let source = shared_dir().join("fixtures/hf/gpt2-tiny");
+    let source = tessera::shared_dir().join("fixtures/hf/gpt2-tiny");
     if !source.exists() {
         eprintln!(
             "note: {} is absent; the non-finite case is not run",

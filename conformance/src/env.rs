@@ -34,14 +34,6 @@ pub fn devices_under_test() -> Vec<Arc<dyn Device>> {
         .collect()
 }
 
-/// The shared folder: `TESSERA_SHARED`, else `../shared` beside the workspace.
-pub fn shared_dir() -> PathBuf {
-    match std::env::var("TESSERA_SHARED") {
-        Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
-    }
-}
-
 /// Whether op `name` is under test: every op, or those named in `TESSERA_OPS` (a
 /// comma-separated list, to narrow a run while working on some ops; tests that count rows
 /// then fail).

@@ -20,6 +20,7 @@ pub mod samples;
 pub mod timing;
 
 pub use check::Check;
-pub use env::{devices_under_test, shared_dir, target_dir};
+pub use env::{devices_under_test, target_dir};
 pub use harness::{compare, tolerance, Report, Row, Status, Suite};
 pub use samples::{all_samples, samples, Sample};
+pub use tessera::shared_dir;

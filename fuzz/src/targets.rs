@@ -1,7 +1,6 @@
 //! The parsers of outside bytes, each with valid seeds to mutate.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use clap::Parser;
@@ -82,7 +81,7 @@ fn fixture_weights() -> &'static [BTreeMap<String, HostTensor>; 2] {
     static WEIGHTS: OnceLock<[BTreeMap<String, HostTensor>; 2]> = OnceLock::new();
     WEIGHTS.get_or_init(|| {
         ["gpt2-tiny", "llama-tiny"].map(|f| {
-            let path = shared_dir()
+            let path = tessera::shared_dir()
                 .join("fixtures/hf")
                 .join(f)
                 .join("model.safetensors");
@@ -96,19 +95,13 @@ fn gpt2() -> &'static Gpt2Tokenizer {
     GPT2.get_or_init(|| Gpt2Tokenizer::new().expect("GPT-2's ranks"))
 }
 
-/// The shared folder: `TESSERA_SHARED`, else `../shared` beside the workspace.
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("TESSERA_SHARED") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
-    }
-}
-
 /// `file` of each shared Hugging Face fixture present.
 fn fixture_files(file: &str) -> Vec<Vec<u8>> {
     ["gpt2-tiny", "llama-tiny"]
         .iter()
-        .filter_map(|f| std::fs::read(shared_dir().join("fixtures/hf").join(f).join(file)).ok())
+        .filter_map(|f| {
+            std::fs::read(tessera::shared_dir().join("fixtures/hf").join(f).join(file)).ok()
+        })
         .collect()
 }
 
@@ -162,7 +155,7 @@ fn texts() -> Vec<Vec<u8>> {
         b"To be, or not to be, that is the question.\n".to_vec(),
         "caf\u{e9} \u{1f600} \u{4e2d}\u{6587}\n".as_bytes().to_vec(),
     ];
-    if let Ok(text) = std::fs::read(shared_dir().join("data/tinyshakespeare.txt")) {
+    if let Ok(text) = std::fs::read(tessera::shared_dir().join("data/tinyshakespeare.txt")) {
         seeds.push(text[..text.len().min(4096)].to_vec());
     }
     seeds

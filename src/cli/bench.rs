@@ -440,19 +440,10 @@ pub fn peer_script(explicit: Option<&PathBuf>) -> Option<PathBuf> {
         return Some(p.clone());
     }
     let rel = ["bench", "torch_gpt2.py"].iter().collect::<PathBuf>();
-    let mut candidates = Vec::new();
-    if let Ok(dir) = std::env::var("TESSERA_SHARED") {
-        if !dir.is_empty() {
-            candidates.push(PathBuf::from(dir).join(&rel));
-        }
-    }
-    candidates.push(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared")
-            .join(&rel),
-    );
-    candidates.push(PathBuf::from("../shared").join(&rel));
-    candidates.into_iter().find(|p| p.is_file())
+    [crate::shared_dir(), PathBuf::from("../shared")]
+        .map(|dir| dir.join(&rel))
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 const INSTALL_HINT: &str = "install the CPU build with `pip install torch --index-url https://download.pytorch.org/whl/cpu` \

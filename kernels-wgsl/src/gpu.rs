@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tessera_core::exec::binding_window;
+use tessera_core::exec::{binding_window, PartLauncher};
 use tessera_core::{Buffer, Error, Limits, Result, TensorRef};
 
 /// What a device's kernels are built for, beyond the op and its dtypes.
@@ -88,7 +88,7 @@ pub trait Gpu {
 impl dyn Gpu + '_ {
     /// The most bytes one binding may span.
     pub(crate) fn max_binding(&self) -> u64 {
-        self.caps().limits.max_binding_bytes as u64
+        Planner(self).max_binding()
     }
 
     /// The alignment of a binding's start, in bytes.
@@ -114,15 +114,13 @@ impl dyn Gpu + '_ {
 
     /// Bytes a binding of `t` spans.
     pub(crate) fn binding_bytes(&self, t: &TensorRef<'_>) -> u64 {
-        binding_window(t.layout, t.dtype, self.align()).1
+        Planner(self).binding_bytes(t)
     }
 
     /// Whether every tensor of `tensors` fits one binding, so an op over them runs in one
-    /// launch.
+    /// launch (as core's splitting decides it).
     pub(crate) fn fits(&self, tensors: &[TensorRef<'_>]) -> bool {
-        tensors
-            .iter()
-            .all(|t| self.binding_bytes(t) <= self.max_binding())
+        Planner(self).fits(tensors)
     }
 
     /// The binding of a tensor and its element offset inside that binding.

@@ -70,9 +70,12 @@ fn two_digit_addition_is_learned() {
         "held-out exact match {acc} after {} steps",
         summary.steps
     );
-    assert!(summary.checkpoint.exists() && summary.plot.exists() && summary.metrics.exists());
-    let svg = std::fs::read_to_string(&summary.plot).unwrap();
+    assert!(summary.checkpoint.exists() && summary.metrics.exists());
+    let svg = std::fs::read_to_string(&summary.plots[0]).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
+    assert!(std::fs::read(&summary.plots[1])
+        .unwrap()
+        .starts_with(b"\x89PNG"));
     // A problem asked as people write it is answered as people write it: most-significant
     // digit first, no padding, no end token (the model writes 64 as `4 6 0 .`).
     let output = tessera()

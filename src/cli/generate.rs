@@ -3,32 +3,25 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use super::invalid;
+use super::tokenizer::TokenizerSpec;
 use crate::checkpoint;
 use crate::data::{
-    parse_problem, AdditionTask, AdditionTokenizer, ByteTokenizer, Gpt2Tokenizer, Tokenizer,
+    from_record, parse_problem, AdditionTask, AdditionTokenizer, Gpt2Tokenizer, HfTokenizer,
+    TextStream, Tokenizer,
 };
 use crate::generate::{generate, GenerateOptions, Sampling};
-use crate::models::Transformer;
+use crate::models::{hf_stop_tokens, Transformer};
 use crate::rng::RngState;
 use crate::{DType, Error, Result};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TokenizerChoice {
-    /// The tokenizer the checkpoint was trained with; GPT-2's for a 50,257-token vocabulary.
-    Auto,
-    Byte,
-    Gpt2,
-    /// The addition task's characters `0-9 + = .`.
-    Addition,
-}
 
 #[derive(Args, Clone, Debug)]
 pub struct GenerateArgs {
     /// A checkpoint written by `tessera train`, or a Hugging Face model directory
-    /// (config.json and model.safetensors).
+    /// (config.json and model.safetensors; tokenizer.json and generation_config.json are used
+    /// when present).
     #[arg(long)]
     pub model: PathBuf,
     /// Text to continue.
@@ -37,8 +30,10 @@ pub struct GenerateArgs {
     /// Token ids to continue instead of --prompt, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub ids: Vec<u32>,
-    #[arg(long, value_enum, default_value = "auto")]
-    pub tokenizer: TokenizerChoice,
+    /// auto (the checkpoint's recorded tokenizer, the model directory's tokenizer.json, else
+    /// GPT-2's for a 50,257-token vocabulary), byte, gpt2, addition, or a tokenizer.json.
+    #[arg(long, default_value = "auto")]
+    pub tokenizer: TokenizerSpec,
     /// New tokens at most.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
@@ -54,7 +49,8 @@ pub struct GenerateArgs {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Stop after any of these token ids (the model's end-of-text token is always one).
+    /// Stop after any of these token ids (the model's and the tokenizer's end-of-text tokens,
+    /// and a model directory's generation_config.json ones, always are).
     #[arg(long, value_delimiter = ',')]
     pub stop: Vec<u32>,
     /// Device (e.g. cpu, wgpu:0); default: TESSERA_DEVICE, else the best present.
@@ -64,57 +60,31 @@ pub struct GenerateArgs {
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
     let device = super::open_device(args.device.as_deref())?;
-    let (model, trained_with, digits) = if args.model.is_dir() {
-        (
-            Transformer::from_hf_dir(&args.model, &device, DType::F32)?,
-            None,
-            None,
-        )
+    let origin = args.model.display().to_string();
+    let mut stop = args.stop.clone();
+    let (model, recorded, digits) = if args.model.is_dir() {
+        stop.extend(hf_stop_tokens(&args.model)?);
+        let model = Transformer::from_hf_dir(&args.model, &device, DType::F32)?;
+        (model, None, None)
     } else {
         let loaded = checkpoint::load(&args.model)?;
-        let tokenizer = loaded
-            .state
-            .run
-            .get("tokenizer")
-            .and_then(|t| t.as_str())
-            .map(str::to_string);
+        let recorded = loaded.state.run.get("tokenizer").cloned();
         let digits = loaded.state.run["args"]["digits"]
             .as_u64()
             .and_then(|d| usize::try_from(d).ok());
-        let origin = args.model.display().to_string();
-        (
-            Transformer::from_host_tensors(
-                &loaded.config,
-                &loaded.model,
-                &origin,
-                &device,
-                DType::F32,
-            )?,
-            tokenizer,
-            digits,
-        )
+        let model = Transformer::from_host_tensors(
+            &loaded.config,
+            &loaded.model,
+            &origin,
+            &device,
+            DType::F32,
+        )?;
+        (model, recorded, digits)
     };
     let vocab = model.config.vocab_size;
-    let choice = match (args.tokenizer, trained_with.as_deref()) {
-        (TokenizerChoice::Auto, Some("byte")) => TokenizerChoice::Byte,
-        (TokenizerChoice::Auto, Some("gpt2")) => TokenizerChoice::Gpt2,
-        (TokenizerChoice::Auto, Some("addition")) => TokenizerChoice::Addition,
-        (TokenizerChoice::Auto, _) if vocab == 50257 => TokenizerChoice::Gpt2,
-        (TokenizerChoice::Auto, _) if args.ids.is_empty() => {
-            return Err(invalid(
-                "generate",
-                format!(
-                    "cannot tell the tokenizer of a {vocab}-token model: pass --tokenizer or --ids"
-                ),
-            ));
-        }
-        (other, _) => other,
-    };
-    let tokenizer: Option<Box<dyn Tokenizer>> = match choice {
-        TokenizerChoice::Byte => Some(Box::new(ByteTokenizer)),
-        TokenizerChoice::Gpt2 => Some(Box::new(Gpt2Tokenizer::new()?)),
-        TokenizerChoice::Addition => Some(Box::new(AdditionTokenizer)),
-        TokenizerChoice::Auto => None,
+    let tokenizer = match args.tokenizer.open()? {
+        Some(t) => Some(t),
+        None => model_tokenizer(args, recorded.as_ref(), vocab, &origin)?,
     };
     if let Some(t) = &tokenizer {
         if t.vocab_size() > vocab {
@@ -128,35 +98,27 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             ));
         }
     }
-    if choice == TokenizerChoice::Addition && args.ids.is_empty() {
-        let foreign: String = args
-            .prompt
-            .chars()
-            .filter(|&c| !c.is_whitespace() && AdditionTokenizer.encode(&c.to_string()).is_empty())
-            .collect();
-        if !foreign.is_empty() {
-            return Err(invalid(
-                "generate",
-                format!(
-                    "the addition model reads the characters 0-9 + = . only; the prompt has `{foreign}`"
-                ),
-            ));
-        }
+    let addition = tokenizer.as_ref().is_some_and(|t| t.name() == "addition");
+    if addition && args.ids.is_empty() {
+        AdditionTokenizer.encode(&args.prompt)?;
         if let Some((a, b)) = parse_problem(&args.prompt) {
             return solve_addition(&model, digits, a, b, args);
         }
     }
-    let prompt: Vec<u32> = if !args.ids.is_empty() {
-        args.ids.clone()
+    let (prompt, shown): (Vec<u32>, String) = if !args.ids.is_empty() {
+        let shown = tokenizer
+            .as_ref()
+            .map_or_else(String::new, |t| t.decode(&args.ids));
+        (args.ids.clone(), shown)
     } else {
         let t = tokenizer
             .as_ref()
             .ok_or_else(|| invalid("generate", "give --ids or a tokenizer for --prompt"))?;
-        let mut ids = t.encode(&args.prompt);
+        let mut ids = t.encode(&args.prompt)?;
         if ids.is_empty() {
             ids = model.config.bos_token_id.or(t.eos()).into_iter().collect();
         }
-        ids
+        (ids, args.prompt.clone())
     };
     if prompt.is_empty() {
         return Err(invalid(
@@ -164,7 +126,6 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             "the prompt is empty and the model has no beginning-of-text token",
         ));
     }
-    let mut stop = args.stop.clone();
     stop.extend(model.config.eos_token_id);
     stop.extend(tokenizer.as_ref().and_then(|t| t.eos()));
     let options = GenerateOptions {
@@ -174,23 +135,27 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             top_k: args.top_k,
             top_p: args.top_p,
         },
-        stop_tokens: stop,
+        stop_tokens: stop.clone(),
     };
     let mut stdout = std::io::stdout();
-    if let Some(t) = &tokenizer {
-        print!("{}", t.decode(&prompt));
-    }
     let mut write_err: Option<std::io::Error> = None;
-    let mut emit = |token: u32| {
-        let piece = match &tokenizer {
-            Some(t) => t.decode(&[token]),
-            None => format!(" {token}"),
-        };
+    let mut write = |text: &str| {
         if let Err(e) = stdout
-            .write_all(piece.as_bytes())
+            .write_all(text.as_bytes())
             .and_then(|_| stdout.flush())
         {
             write_err.get_or_insert(e);
+        }
+    };
+    write(&shown);
+    let mut stream = tokenizer.as_deref().map(|t| TextStream::new(t, &prompt));
+    let mut emit = |token: u32| {
+        if stop.contains(&token) {
+            return;
+        }
+        match &mut stream {
+            Some(s) => write(&s.push(token)),
+            None => write(&format!(" {token}")),
         }
     };
     generate(
@@ -200,11 +165,45 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         &mut RngState::new(args.seed),
         &mut emit,
     )?;
-    println!();
+    if let Some(s) = &mut stream {
+        write(&s.finish());
+    }
+    write("\n");
     match write_err {
         Some(e) => Err(Error::io("stdout", e)),
         None => Ok(()),
     }
+}
+
+/// The tokenizer a model brings when `--tokenizer auto`: the one its checkpoint recorded, its
+/// directory's `tokenizer.json`, GPT-2's for a 50,257-token vocabulary; with none of these,
+/// `None` when the prompt is given as ids, else an error.
+fn model_tokenizer(
+    args: &GenerateArgs,
+    recorded: Option<&serde_json::Value>,
+    vocab: usize,
+    origin: &str,
+) -> Result<Option<Box<dyn Tokenizer>>> {
+    if let Some(record) = recorded {
+        return from_record(record, origin).map(Some);
+    }
+    let file = args.model.join("tokenizer.json");
+    if args.model.is_dir() && file.is_file() {
+        return Ok(Some(Box::new(HfTokenizer::from_file(&file)?)));
+    }
+    if vocab == 50257 {
+        return Ok(Some(Box::new(Gpt2Tokenizer::new()?)));
+    }
+    if args.ids.is_empty() {
+        return Err(invalid(
+            "generate",
+            format!(
+                "cannot tell the tokenizer of a {vocab}-token model (no tokenizer.json): pass \
+                 --tokenizer or --ids"
+            ),
+        ));
+    }
+    Ok(None)
 }
 
 /// An addition problem asked as people write it (`123+456=`), posed as the task poses it

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod generate;
 pub mod plot;
+pub mod tokenizer;
 pub mod train;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Generate text from a Tessera checkpoint or a Hugging Face model directory.
     Generate(generate::GenerateArgs),
+    /// Redraw a run's plots (loss.svg, loss.png) from its metrics.jsonl.
+    Plot(plot::PlotArgs),
     /// Measure training steps and greedy decoding (JSON lines); --peer runs PyTorch beside.
     Bench(bench::BenchArgs),
 }
@@ -37,6 +40,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Devices => devices(),
         Command::Train(args) => train::run(&args).map(|_| ()),
         Command::Generate(args) => generate::run(&args),
+        Command::Plot(args) => plot::run(&args),
         Command::Bench(args) => bench::run(&args),
     }
 }

@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::invalid;
+use super::plot::{self, Metrics};
+use super::tokenizer::TokenizerSpec;
 use crate::checkpoint;
 use crate::data::{
-    AdditionTask, ByteTokenizer, Gpt2Tokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR,
+    from_record, AdditionTask, AdditionTokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR,
 };
 use crate::generate::greedy_batch;
 use crate::io;
@@ -29,14 +31,6 @@ pub enum FamilyArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-pub enum TokenizerArg {
-    /// One token per byte (vocabulary 256).
-    Byte,
-    /// GPT-2's byte-pair encoding (vocabulary 50,257), built in.
-    Gpt2,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum PrecisionArg {
     F32,
     Bf16,
@@ -44,16 +38,17 @@ pub enum PrecisionArg {
 }
 
 /// Options of `tessera train`. A resumed run keeps the options it was started with, except
-/// `--steps`, `--device`, `--out`, `--overwrite`, `--halt-after` and `--quiet`; another option
+/// `--steps`, `--device`, `--out`, `--overwrite`, `--halt-after`, `--quiet` and `--log-scale`; another option
 /// given with `--resume` that differs from the run's own is refused, not ignored.
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct TrainArgs {
     /// Text file to train on; without it, the built-in multi-digit addition task.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Tokenizer for --data.
-    #[arg(long, value_enum, default_value = "byte")]
-    pub tokenizer: TokenizerArg,
+    /// Tokenizer for --data: byte, gpt2, or a Hugging Face tokenizer.json (or its directory).
+    /// The checkpoint records it, so `generate` and `--resume` use it again.
+    #[arg(long, default_value = "byte")]
+    pub tokenizer: TokenizerSpec,
     /// Operand digits of the addition task.
     #[arg(long, default_value_t = AdditionTask::DEFAULT_DIGITS)]
     pub digits: usize,
@@ -145,13 +140,18 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Plot the loss on a logarithmic scale (`tessera plot --log-scale` redraws a run's plots).
+    #[arg(long)]
+    #[serde(default)]
+    pub log_scale: bool,
 }
 
 /// What a finished run reports.
 #[derive(Clone, Debug)]
 pub struct TrainSummary {
     pub checkpoint: PathBuf,
-    pub plot: PathBuf,
+    /// The SVG and PNG plots of the metrics.
+    pub plots: [PathBuf; 2],
     pub metrics: PathBuf,
     pub steps: u64,
     pub final_loss: f64,
@@ -166,29 +166,48 @@ enum Task {
 }
 
 impl Task {
-    fn load(args: &TrainArgs) -> Result<(Task, usize, usize, &'static str)> {
+    /// The task, its vocabulary size, sequence length and tokenizer. A resumed run passes the
+    /// tokenizer its checkpoint recorded, so it needs no tokenizer file beside it.
+    fn load(
+        args: &TrainArgs,
+        recorded: Option<&serde_json::Value>,
+    ) -> Result<(Task, usize, usize, Box<dyn Tokenizer>)> {
         match &args.data {
             None => {
                 let task = AdditionTask::new(args.digits)?.with_eval_size(args.eval_size);
                 let (vocab, seq) = (task.vocab_size(), task.seq_len());
-                Ok((Task::Addition(task), vocab, seq, "addition"))
+                Ok((
+                    Task::Addition(task),
+                    vocab,
+                    seq,
+                    Box::new(AdditionTokenizer),
+                ))
             }
             Some(path) => {
-                let tokenizer: Box<dyn Tokenizer> = match args.tokenizer {
-                    TokenizerArg::Byte => Box::new(ByteTokenizer),
-                    TokenizerArg::Gpt2 => Box::new(Gpt2Tokenizer::new()?),
+                let tokenizer = match recorded {
+                    Some(record) => from_record(record, "the resumed checkpoint")?,
+                    None => args
+                        .tokenizer
+                        .open()?
+                        .filter(|t| t.name() != "addition")
+                        .ok_or_else(|| {
+                            invalid(
+                                "train --tokenizer",
+                                "text data needs byte, gpt2 or a tokenizer.json",
+                            )
+                        })?,
                 };
                 let data = TextDataset::from_file(
                     path,
                     tokenizer.as_ref(),
                     crate::data::DEFAULT_VAL_FRACTION,
                 )?;
-                let name = if args.tokenizer == TokenizerArg::Byte {
-                    "byte"
-                } else {
-                    "gpt2"
-                };
-                Ok((Task::Text(data), tokenizer.vocab_size(), args.seq, name))
+                Ok((
+                    Task::Text(data),
+                    tokenizer.vocab_size(),
+                    args.seq,
+                    tokenizer,
+                ))
             }
         }
     }
@@ -380,7 +399,7 @@ fn claim_out(args: &TrainArgs, checkpoint: &Path, metrics: &Path) -> Result<()> 
 }
 
 /// Options a resumed run takes from this invocation; every other one is the run's own.
-const RESUME_OPTIONS: [&str; 7] = [
+const RESUME_OPTIONS: [&str; 8] = [
     "steps",
     "device",
     "out",
@@ -388,6 +407,7 @@ const RESUME_OPTIONS: [&str; 7] = [
     "resume",
     "overwrite",
     "halt_after",
+    "log_scale",
 ];
 
 /// Refuses options given to a resumed run that it would ignore (set away from their default
@@ -443,6 +463,7 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
     merged.device.clone_from(&args.device);
     merged.out.clone_from(&args.out);
     merged.quiet = args.quiet;
+    merged.log_scale = args.log_scale;
     merged.resume.clone_from(&args.resume);
     merged.overwrite = args.overwrite;
     merged.halt_after = args.halt_after;
@@ -454,7 +475,8 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     let (args, resumed) = effective_args(args)?;
     validate(&args)?;
     let device = super::open_device(args.device.as_deref())?;
-    let (task, vocab, seq, tokenizer) = Task::load(&args)?;
+    let recorded = resumed.as_ref().and_then(|l| l.state.run.get("tokenizer"));
+    let (task, vocab, seq, tokenizer) = Task::load(&args, recorded)?;
     check_step_size(&args, seq)?;
     let mut trainer = match resumed {
         Some(loaded) => Trainer::from_checkpoint(
@@ -467,7 +489,7 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
             let config = model_config(&args, vocab, seq);
             let mut rng = RngState::new(args.seed);
             let model = Transformer::new(&config, &device, DType::F32, &mut rng)?;
-            let run = json!({ "args": args, "tokenizer": tokenizer });
+            let run = json!({ "args": args, "tokenizer": tokenizer.record() });
             Trainer::new(
                 model,
                 options(&args),
@@ -480,7 +502,6 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io(&args.out, e))?;
     let checkpoint_path = args.out.join("checkpoint.safetensors");
     let metrics_path = args.out.join("metrics.jsonl");
-    let plot_path = args.out.join("loss.svg");
     claim_out(&args, &checkpoint_path, &metrics_path)?;
     io::remove_stale_temporaries(&checkpoint_path)?;
     let mut metrics = std::fs::OpenOptions::new()
@@ -566,7 +587,7 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     }
     bar.finish_and_clear();
     trainer.save(&checkpoint_path)?;
-    plot(&metrics_path, &plot_path)?;
+    let plots = plot::write_plots(&Metrics::read(&metrics_path)?, &args.out, args.log_scale)?;
     if let (Task::Addition(_), Some(acc)) = (&task, accuracy) {
         let verdict = if acc >= SUCCESS_BAR {
             "reached"
@@ -585,11 +606,11 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         start.elapsed().as_secs_f64()
     );
     println!("checkpoint: {}", checkpoint_path.display());
-    println!("loss plot:  {}", plot_path.display());
+    println!("plots:      {}, {}", plots[0].display(), plots[1].display());
     println!("metrics:    {}", metrics_path.display());
     Ok(TrainSummary {
         checkpoint: checkpoint_path,
-        plot: plot_path,
+        plots,
         metrics: metrics_path,
         steps: trainer.state.step,
         final_loss: last_loss,
@@ -663,35 +684,4 @@ fn describe(line: &serde_json::Value) -> String {
     } else {
         line.to_string()
     }
-}
-
-/// Plots the training loss (and validation loss) recorded in the metrics file.
-fn plot(metrics: &Path, out: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(metrics).map_err(|e| Error::io(metrics, e))?;
-    let (mut train, mut val, mut acc) = (Vec::new(), Vec::new(), Vec::new());
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let step = v.get("step").and_then(|s| s.as_f64()).unwrap_or(0.0);
-        if let Some(l) = v.get("loss").and_then(|l| l.as_f64()) {
-            train.push((step, l));
-        }
-        if let Some(e) = v.get("eval") {
-            if let Some(l) = e.get("validation_loss").and_then(|l| l.as_f64()) {
-                val.push((step, l));
-            }
-            if let Some(a) = e.get("heldout_exact_match").and_then(|a| a.as_f64()) {
-                acc.push((step, a));
-            }
-        }
-    }
-    let mut series: Vec<(&str, &[(f64, f64)])> = vec![("training loss", &train)];
-    if !val.is_empty() {
-        series.push(("validation loss", &val));
-    }
-    if !acc.is_empty() {
-        series.push(("held-out exact match", &acc));
-    }
-    super::plot::write_svg(out, "tessera train", &series)
 }

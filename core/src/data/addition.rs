@@ -342,18 +342,31 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 /// The task's characters as a [`Tokenizer`] (`0`–`9`, `+`, `=`, and `.` for the end token),
-/// for showing prompts and generations and for reading problems typed by a user. Characters
-/// outside the vocabulary (spaces, say) are skipped when encoding. Answers decode in their
-/// trained order, least-significant digit first.
+/// for showing prompts and generations and for reading problems typed by a user. Whitespace
+/// is skipped when encoding; any other character outside the vocabulary is an error. Answers
+/// decode in their trained order, least-significant digit first.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AdditionTokenizer;
 
 impl Tokenizer for AdditionTokenizer {
-    fn encode(&self, text: &str) -> Vec<u32> {
-        text.chars()
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let foreign: String = text
+            .chars()
+            .filter(|c| !c.is_whitespace() && !CHARS.contains(c))
+            .collect();
+        if !foreign.is_empty() {
+            return Err(Error::invalid(
+                "addition tokenizer",
+                format!(
+                    "the addition task's characters are 0-9 + = . only; the text has `{foreign}`"
+                ),
+            ));
+        }
+        Ok(text
+            .chars()
             .filter_map(|c| CHARS.iter().position(|&k| k == c))
             .map(|i| i as u32)
-            .collect()
+            .collect())
     }
 
     fn decode(&self, tokens: &[u32]) -> String {
@@ -428,7 +441,8 @@ mod tests {
         assert_eq!(task.decode_answer(&[8, 6, 1]), Some(168));
         assert_eq!(task.decode_answer(&[END]), None);
         assert_eq!(task.decode_answer(&[1, PLUS]), None);
-        assert_eq!(tok.encode("12 + 3="), vec![1, 2, PLUS, 3, EQUALS]);
+        assert_eq!(tok.encode("12 + 3=").unwrap(), vec![1, 2, PLUS, 3, EQUALS]);
+        assert!(tok.encode("12+x=").is_err());
         assert_eq!(task.vocab_size(), tok.vocab_size());
         let wide = AdditionTask::new(4).unwrap();
         assert_eq!(

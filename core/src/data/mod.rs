@@ -1,4 +1,4 @@
-//! Training data: tokenizers, text files cut into random training windows, and the built-in
+//! Training data: tokenizers (built-in, and Hugging Face `tokenizer.json` files), text files cut into random training windows, and the built-in
 //! addition task that the default `train` uses because it needs no download.
 //!
 //! Everything here works on host token ids (`Vec<u32>`); callers turn them into tensors with
@@ -8,12 +8,14 @@
 //! *is* the data position.
 
 mod addition;
+mod hf_tokenizer;
 mod text;
 mod tokenizer;
 
 pub use addition::{parse_problem, AdditionTask, AdditionTokenizer, SUCCESS_BAR};
+pub use hf_tokenizer::HfTokenizer;
 pub use text::{Split, TextDataset, DEFAULT_VAL_FRACTION};
-pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, Tokenizer};
+pub use tokenizer::{from_record, ByteTokenizer, Gpt2Tokenizer, TextStream, Tokenizer};
 
 /// The target value that training ignores: core's cross-entropy gives zero loss (and zero
 /// gradient) to any target outside `0..V`, and `u32::MAX` is outside every vocabulary. Targets

@@ -62,7 +62,7 @@ impl TextDataset {
         if text.is_empty() {
             return Err(Error::format(source, "the text is empty"));
         }
-        Self::from_tokens(tokenizer.encode(text), val_fraction, source)
+        Self::from_tokens(tokenizer.encode(text)?, val_fraction, source)
     }
 
     /// Splits already tokenized text: the last `round(len * val_fraction)` tokens become the

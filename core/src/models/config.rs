@@ -181,7 +181,11 @@ impl TransformerConfig {
         let opt_size = |key: &str| get(key).and_then(Value::as_u64).map(|x| x as usize);
         let float = |key: &str, default: f64| get(key).and_then(Value::as_f64).unwrap_or(default);
         let flag = |key: &str, default: bool| get(key).and_then(Value::as_bool).unwrap_or(default);
-        let token = |key: &str| get(key).and_then(Value::as_u64).map(|x| x as u32);
+        let token = |key: &str| {
+            get(key)
+                .and_then(Value::as_u64)
+                .and_then(|x| u32::try_from(x).ok())
+        };
         let model_type = get("model_type").and_then(Value::as_str).unwrap_or("");
         let cfg = match model_type {
             "gpt2" => {

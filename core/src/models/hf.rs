@@ -38,6 +38,40 @@ fn transpose_2d(t: &HostTensor) -> HostTensor {
     }
 }
 
+/// The stop tokens a Hugging Face model directory names: `eos_token_id` of its
+/// `generation_config.json` and of its `config.json` (each a single id or a list, as Llama 3
+/// writes it), in that order, without repeats. Absent files name none.
+pub fn hf_stop_tokens(dir: &Path) -> Result<Vec<u32>> {
+    let mut stops = Vec::new();
+    for name in ["generation_config.json", "config.json"] {
+        let path = dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::format(&origin, e.to_string()))?;
+        let ids = match json.get("eos_token_id") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(list)) => list.iter().collect(),
+            Some(one) => vec![one],
+        };
+        for id in ids {
+            let id = id
+                .as_u64()
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or_else(|| {
+                    Error::format(&origin, format!("eos_token_id `{id}` is no token id"))
+                })?;
+            if !stops.contains(&id) {
+                stops.push(id);
+            }
+        }
+    }
+    Ok(stops)
+}
+
 impl Transformer {
     /// Loads `dir/config.json` and `dir/model.safetensors` onto `device` in `dtype`.
     pub fn from_hf_dir(dir: &Path, device: &Arc<dyn Device>, dtype: DType) -> Result<Self> {

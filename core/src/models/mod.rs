@@ -6,4 +6,5 @@ mod hf;
 mod transformer;
 
 pub use config::{Family, TransformerConfig};
+pub use hf::hf_stop_tokens;
 pub use transformer::{Block, Transformer};

@@ -20,6 +20,23 @@ pub(crate) fn device_name() -> String {
     format!("CPU ({} threads)", rayon::current_num_threads())
 }
 
+/// The machine's memory (`MemTotal` of `/proc/meminfo`), or its control group's limit where
+/// that is lower; `None` where neither can be read (other systems).
+fn host_memory_bytes() -> Option<usize> {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    });
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|m| m.trim().parse::<usize>().ok());
+    match (total, cgroup) {
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
+    }
+}
+
 /// The host CPU as a device. Work runs synchronously on the calling thread and rayon's pool,
 /// so every cached block is ready for reuse as soon as its buffer is dropped.
 pub struct CpuDevice {
@@ -64,6 +81,7 @@ impl CpuDevice {
                 binding_align: 1,
                 max_workgroup_size: usize::MAX,
                 max_workgroups_per_dim: usize::MAX,
+                memory_bytes: host_memory_bytes(),
             },
         };
         CpuDevice {

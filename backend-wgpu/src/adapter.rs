@@ -179,6 +179,8 @@ impl Core {
                 binding_align: align as usize,
                 max_workgroup_size: limits.max_compute_invocations_per_workgroup as usize,
                 max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension as usize,
+                // wgpu does not report memory sizes; an allocation past it fails as an error.
+                memory_bytes: None,
             },
         };
         if (limits.max_compute_invocations_per_workgroup as u64) < WG

@@ -26,6 +26,29 @@ impl DeviceInfo {
     pub fn id(&self) -> String {
         format!("{}:{}", self.backend, self.ordinal)
     }
+
+    /// Refuses `bytes` (`None`: a size that overflowed) of `what` that the device's memory
+    /// cannot hold, before anything is allocated: the system answers an allocation it cannot
+    /// serve by ending the process. Devices that do not report their memory accept any size.
+    pub fn check_fits(&self, op: &str, what: &str, bytes: Option<usize>) -> crate::Result<()> {
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        match (bytes, self.limits.memory_bytes) {
+            (None, _) => Err(crate::Error::invalid(
+                op,
+                format!("{what} would take more bytes than can be counted"),
+            )),
+            (Some(b), Some(memory)) if b > memory => Err(crate::Error::invalid(
+                op,
+                format!(
+                    "{what} would take {b} bytes ({:.1} GiB), more than the {:.1} GiB of memory of {}",
+                    gib(b),
+                    gib(memory),
+                    self.id()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -46,6 +69,9 @@ pub struct Limits {
     pub binding_align: usize,
     pub max_workgroup_size: usize,
     pub max_workgroups_per_dim: usize,
+    /// Memory the device has in all, where the backend can tell (the CPU: the machine's, or
+    /// its container's limit), so that a model too large for it is refused before it is built.
+    pub memory_bytes: Option<usize>,
 }
 
 /// Memory statistics of a device's caching allocator.

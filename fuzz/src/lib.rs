@@ -1,5 +1,6 @@
 //! Fuzzing the parsers of outside bytes on stable Rust: safetensors files, `config.json`,
-//! checkpoints (parsed and built into a model, as `generate` does) and text data (byte-level
+//! checkpoints (parsed and built into a model, as `generate` does), Hugging Face
+//! `tokenizer.json` files (read, then encoding and decoding a sample) and text data (byte-level
 //! and GPT-2 tokenized). Each [`Target`] starts from valid seeds; a seeded [`Mutator`] flips
 //! bits, overwrites bytes with interesting values (sizes such as 2^32 or 2^64 - 1 in every
 //! width and as decimal text), inserts, deletes, duplicates and splices. An input fails when
@@ -17,6 +18,7 @@
 
 mod mutate;
 mod targets;
+mod tokenizer_seeds;
 
 pub use mutate::Mutator;
 pub use peak_alloc::PeakAlloc;

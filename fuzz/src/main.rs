@@ -10,7 +10,7 @@ static ALLOC: PeakAlloc = PeakAlloc;
 
 #[derive(Parser)]
 struct Args {
-    /// Targets to run (default: all): safetensors, config, checkpoint, text.
+    /// Targets to run (default: all): safetensors, config, checkpoint, tokenizer, text.
     targets: Vec<String>,
     /// Inputs per target.
     #[arg(long, default_value_t = 100_000)]
@@ -40,7 +40,7 @@ fn main() {
             outcome.slowest.as_secs_f64() * 1e3,
             100.0 * outcome.largest_share_of_bound
         );
-        for (n, (input, failure)) in outcome.failures.iter().enumerate().take(20) {
+        for (n, (input, failure)) in outcome.failures.iter().enumerate().take(2000) {
             let path = out.join(format!("{}-{n}.bin", target.name));
             let written = std::fs::create_dir_all(&out).and_then(|_| std::fs::write(&path, input));
             match written {

@@ -6,10 +6,14 @@ use std::sync::{Arc, OnceLock};
 use clap::Parser;
 use tessera::checkpoint;
 use tessera::cli::{Cli, Command};
-use tessera::data::{ByteTokenizer, Gpt2Tokenizer, TextDataset};
+use tessera::data::{
+    from_record, ByteTokenizer, Gpt2Tokenizer, HfTokenizer, TextDataset, Tokenizer,
+};
 use tessera::io::HostTensor;
 use tessera::models::{Family, Transformer, TransformerConfig};
 use tessera::{open_device, DType, Device};
+
+use crate::tokenizer_seeds::{tokenizer_seeds, SAMPLE_TEXT};
 
 /// A parser fed with mutated inputs. `run` returns whether it accepted the input.
 pub struct Target {
@@ -46,17 +50,36 @@ pub fn targets() -> Vec<Target> {
             name: "checkpoint",
             run: |bytes| {
                 checkpoint::parse(bytes, "fuzz").is_ok_and(|loaded| {
-                    Transformer::from_host_tensors(
-                        &loaded.config,
-                        &loaded.model,
-                        "fuzz",
-                        cpu(),
-                        DType::F32,
-                    )
-                    .is_ok()
+                    // The recorded tokenizer, as `generate` rebuilds it.
+                    let recorded = loaded.state.run.get("tokenizer");
+                    let tokenizer_ok = recorded.is_none_or(|r| from_record(r, "fuzz").is_ok());
+                    tokenizer_ok
+                        && Transformer::from_host_tensors(
+                            &loaded.config,
+                            &loaded.model,
+                            "fuzz",
+                            cpu(),
+                            DType::F32,
+                        )
+                        .is_ok()
                 })
             },
             seeds: checkpoints,
+        },
+        Target {
+            name: "tokenizer",
+            run: |bytes| {
+                let text = String::from_utf8_lossy(bytes).into_owned();
+                HfTokenizer::from_json(text, "fuzz").is_ok_and(|t| {
+                    t.encode(SAMPLE_TEXT).is_ok_and(|ids| {
+                        // Decoding any ids, the model's output included, must not fail.
+                        let mut probe = ids.clone();
+                        probe.extend([u32::MAX, t.vocab_size() as u32]);
+                        !t.decode(&probe).is_empty() || ids.is_empty()
+                    })
+                })
+            },
+            seeds: tokenizer_seeds,
         },
         Target {
             name: "text",

@@ -146,6 +146,10 @@ pub struct TrainArgs {
     pub log_scale: bool,
 }
 
+/// Memory one parameter takes in training, at least: f32 weight, gradient and AdamW's two
+/// moments.
+const TRAINING_BYTES_PER_PARAMETER: usize = 16;
+
 /// What a finished run reports.
 #[derive(Clone, Debug)]
 pub struct TrainSummary {
@@ -487,6 +491,12 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         )?,
         None => {
             let config = model_config(&args, vocab, seq);
+            config.validate("train")?;
+            device.info().check_fits(
+                "train",
+                "training the model (f32 weights, gradients and two AdamW moments: 16 bytes per parameter)",
+                config.parameter_count().and_then(|n| n.checked_mul(TRAINING_BYTES_PER_PARAMETER)),
+            )?;
             let mut rng = RngState::new(args.seed);
             let model = Transformer::new(&config, &device, DType::F32, &mut rng)?;
             let run = json!({ "args": args, "tokenizer": tokenizer.record() });

@@ -9,6 +9,14 @@
 //!   there is one; model directories add their `generation_config.json` stop tokens on top.
 //! - A checkpoint records the file's text verbatim ([`Tokenizer::record`]), so that generating
 //!   from it needs no file beside it and cannot pick up a different one.
+//!
+//! The `tokenizers` crate (0.22) panics on some malformed files instead of returning an error,
+//! as fuzzing found (`tessera-fuzz tokenizer`): reading a file whose decoder is not valid
+//! (`decoders/mod.rs`: `expect("Helper")`), and encoding with a template post-processor that
+//! names a special token it does not define (`processors/template.rs`: a map lookup). Every
+//! call into the crate therefore goes through [`guarded`], which turns such a panic into an
+//! error naming the file; the panic's own message still reaches standard error through the
+//! process's panic hook.
 
 use std::path::Path;
 
@@ -51,19 +59,8 @@ impl HfTokenizer {
 
     /// Parses the text of a `tokenizer.json`; `origin` names it in errors.
     pub fn from_json(json: String, origin: &str) -> Result<Self> {
-        // The crate's deserializers are not all panic-free on malformed files; a file that
-        // makes one panic is reported as malformed, not allowed to take the process down.
-        let parsed = std::panic::catch_unwind(|| json.parse::<tokenizers::Tokenizer>());
-        let inner = match parsed {
-            Ok(Ok(t)) => t,
-            Ok(Err(e)) => return Err(Error::format(origin, format!("tokenizer.json: {e}"))),
-            Err(_) => {
-                return Err(Error::format(
-                    origin,
-                    "tokenizer.json: malformed (the tokenizers crate could not read it)",
-                ))
-            }
-        };
+        let inner = guarded(origin, "reading", || json.parse::<tokenizers::Tokenizer>())?
+            .map_err(|e| Error::format(origin, format!("tokenizer.json: {e}")))?;
         let vocab_size = inner.get_vocab_size(true);
         if vocab_size == 0 {
             return Err(Error::format(
@@ -142,6 +139,24 @@ impl HfTokenizer {
     }
 }
 
+/// Runs `call` into the `tokenizers` crate, turning a panic into an error (see the module
+/// docs for the panics known).
+fn guarded<T>(origin: &str, doing: &str, call: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).map_err(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Error::format(
+            origin,
+            format!(
+                "tokenizer.json is malformed: the tokenizers crate failed {doing} it ({message})"
+            ),
+        )
+    })
+}
+
 impl std::fmt::Debug for HfTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "HfTokenizer({} tokens)", self.vocab_size)
@@ -150,10 +165,10 @@ impl std::fmt::Debug for HfTokenizer {
 
 impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| Error::format("tokenizer.json", format!("encoding failed: {e}")))?;
+        let encoding = guarded("tokenizer.json", "encoding", || {
+            self.inner.encode(text, true)
+        })?
+        .map_err(|e| Error::format("tokenizer.json", format!("encoding failed: {e}")))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -161,10 +176,11 @@ impl Tokenizer for HfTokenizer {
     /// run after it decodes behind the last known token, so that spacing rules that look at
     /// the start of the text (SentencePiece's dropped first space) apply as without the gap.
     fn decode(&self, tokens: &[u32]) -> String {
-        let decode = |ids: &[u32]| {
-            self.inner
-                .decode(ids, false)
-                .unwrap_or_else(|_| REPLACEMENT.to_string())
+        let decode = |ids: &[u32]| match guarded("tokenizer.json", "decoding", || {
+            self.inner.decode(ids, false)
+        }) {
+            Ok(Ok(text)) => text,
+            _ => REPLACEMENT.to_string(),
         };
         let mut text = String::new();
         let mut last_known: Option<u32> = None;
@@ -347,6 +363,21 @@ mod tests {
         }
         let broken = llama_style_json().replace("\"▁h i\"", "\"▁h zz\"");
         assert!(HfTokenizer::from_json(broken, "test").is_err());
+    }
+
+    /// Files on which the `tokenizers` crate panics (found by fuzzing) are errors.
+    #[test]
+    fn files_the_tokenizers_crate_panics_on_are_errors() {
+        // A syntax error inside the decoder (here a raw control character in a string).
+        let file = llama_style_json().replace("\"ByteFallback\"", "\"Byte\u{1}Fallback\"");
+        let err = HfTokenizer::from_json(file, "test").unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
+
+        let mut file: Value = serde_json::from_str(&llama_style_json()).unwrap();
+        file["post_processor"]["special_tokens"] = json!({});
+        let t = HfTokenizer::from_json(file.to_string(), "test").unwrap();
+        let err = t.encode("hi").unwrap_err();
+        assert!(err.to_string().contains("encoding"), "{err}");
     }
 
     #[test]

@@ -98,6 +98,57 @@ impl TransformerConfig {
         }
     }
 
+    /// The number of parameters the model of this config has, or `None` where counting it
+    /// overflows (sizes read from files are checked with it before anything is built).
+    pub fn parameter_count(&self) -> Option<usize> {
+        let gpt2 = self.family == Family::Gpt2;
+        let (d, ff) = (self.d_model, self.d_ff);
+        let q = self.n_head.checked_mul(self.head_dim)?;
+        let kv = self.n_kv_head.checked_mul(self.head_dim)?;
+        let sum = |terms: &[Option<usize>]| {
+            terms
+                .iter()
+                .try_fold(0usize, |acc, t| acc.checked_add((*t)?))
+        };
+        let mul = |a: usize, b: usize| a.checked_mul(b);
+        // Layer norms have a weight and a bias, RMS norms a weight.
+        let norm = if gpt2 { mul(2, d) } else { Some(d) };
+        let qkv_out = sum(&[Some(q), mul(2, kv)])?;
+        let attention_bias = if self.attention_bias {
+            sum(&[Some(qkv_out), Some(d)])
+        } else {
+            Some(0)
+        };
+        let attention = sum(&[mul(d, qkv_out), mul(q, d), attention_bias]);
+        // GPT-2: fc and proj; Llama: gate, up and down.
+        let mlp_weights = if gpt2 { 2 } else { 3 };
+        let mlp_in = if gpt2 { ff } else { mul(2, ff)? };
+        let mlp_bias = if self.mlp_bias {
+            sum(&[Some(mlp_in), Some(d)])
+        } else {
+            Some(0)
+        };
+        let mlp = sum(&[mul(d, ff)?.checked_mul(mlp_weights), mlp_bias]);
+        let block = sum(&[norm, norm, attention, mlp])?;
+        let positions = if gpt2 {
+            mul(self.max_positions, d)
+        } else {
+            Some(0)
+        };
+        let head = if self.tie_embeddings {
+            Some(0)
+        } else {
+            mul(self.vocab_size, d)
+        };
+        sum(&[
+            mul(self.vocab_size, d),
+            positions,
+            mul(self.n_layer, block),
+            norm,
+            head,
+        ])
+    }
+
     /// Checks that the shapes fit together.
     pub fn validate(&self, origin: &str) -> Result<()> {
         let bad = |m: String| Err(Error::format(origin, m));

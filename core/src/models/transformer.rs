@@ -107,6 +107,12 @@ impl Transformer {
         source: &mut ParamSource<'_>,
     ) -> Result<Self> {
         config.validate("config")?;
+        let weight_bytes = config
+            .parameter_count()
+            .and_then(|n| n.checked_mul(dtype.size()));
+        device
+            .info()
+            .check_fits("model", "the model's weights", weight_bytes)?;
         let c = config;
         let gpt2 = c.family == Family::Gpt2;
         let top = if gpt2 { "transformer" } else { "model" };

@@ -6,7 +6,8 @@
 //!
 //! The PNG's text uses DejaVu Sans compiled into the program (the `dejavu` crate), so drawing
 //! needs no system fonts. On a log scale, values at or below zero cannot be placed and are
-//! left out, as matplotlib masks them.
+//! left out, as matplotlib masks them; so are points past ±10^15 (no loss, rate or step
+//! reaches them, and an axis spanning them cannot be ticked).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -134,20 +135,32 @@ fn register_font() -> Result<()> {
     }
 }
 
-/// One chart: its title, y-axis name, series (name, colour, points) and scale.
+/// One series drawn as a line.
+struct Line<'a> {
+    name: &'a str,
+    color: RGBColor,
+    points: &'a [(f64, f64)],
+}
+
+/// One chart: its title, y-axis name, lines and scale.
 struct Panel<'a> {
     title: &'a str,
     y_name: &'a str,
-    series: Vec<(&'a str, RGBColor, &'a [(f64, f64)])>,
+    lines: Vec<Line<'a>>,
     log_scale: bool,
     /// Fixed y range (the exact-match percentage), else fitted to the points.
     y_range: Option<Range<f64>>,
 }
 
-fn panels(m: &Metrics, log_scale: bool) -> Vec<Panel<'_>> {
-    let mut loss = vec![("training", TRAINING, m.loss.as_slice())];
+fn panels<'a>(m: &'a Metrics, log_scale: bool) -> Vec<Panel<'a>> {
+    let line = |name, color, points: &'a Series| Line {
+        name,
+        color,
+        points: points.as_slice(),
+    };
+    let mut loss = vec![line("training", TRAINING, &m.loss)];
     if !m.validation_loss.is_empty() {
-        loss.push(("validation", VALIDATION, m.validation_loss.as_slice()));
+        loss.push(line("validation", VALIDATION, &m.validation_loss));
     }
     let mut panels = vec![Panel {
         title: if log_scale {
@@ -156,7 +169,7 @@ fn panels(m: &Metrics, log_scale: bool) -> Vec<Panel<'_>> {
             "loss"
         },
         y_name: "cross-entropy",
-        series: loss,
+        lines: loss,
         log_scale,
         y_range: None,
     }];
@@ -164,7 +177,7 @@ fn panels(m: &Metrics, log_scale: bool) -> Vec<Panel<'_>> {
         panels.push(Panel {
             title: "held-out exact match",
             y_name: "%",
-            series: vec![("held-out problems", OTHER, m.exact_match.as_slice())],
+            lines: vec![line("held-out problems", OTHER, &m.exact_match)],
             log_scale: false,
             y_range: Some(0.0..100.0),
         });
@@ -173,7 +186,7 @@ fn panels(m: &Metrics, log_scale: bool) -> Vec<Panel<'_>> {
         panels.push(Panel {
             title: "throughput",
             y_name: "tokens/s",
-            series: vec![("training", TRAINING, m.tokens_per_s.as_slice())],
+            lines: vec![line("training", TRAINING, &m.tokens_per_s)],
             log_scale: false,
             y_range: None,
         });
@@ -204,10 +217,10 @@ fn draw<B: DrawingBackend>(
 /// scale); a single value gets a range around it.
 fn ranges(panel: &Panel) -> (Range<f64>, Range<f64>) {
     let points = panel
-        .series
+        .lines
         .iter()
-        .flat_map(|(_, _, p)| p.iter())
-        .filter(|(_, y)| !panel.log_scale || *y > 0.0);
+        .flat_map(|l| l.points.iter())
+        .filter(|&&p| placeable(p, panel.log_scale));
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in points {
         (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
@@ -264,11 +277,16 @@ where
         .label_style((FONT, 13))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
-    for &(name, color, points) in &panel.series {
+    for &Line {
+        name,
+        color,
+        points,
+    } in &panel.lines
+    {
         let visible = points
             .iter()
             .copied()
-            .filter(|&(_, y)| !panel.log_scale || y > 0.0);
+            .filter(|&p| placeable(p, panel.log_scale));
         chart
             .draw_series(LineSeries::new(visible, color.stroke_width(2)))?
             .label(name)
@@ -281,6 +299,13 @@ where
         .background_style(WHITE.mix(0.85))
         .border_style(RGBColor(180, 180, 180))
         .draw()
+}
+
+/// Points beyond this (in either coordinate) are left out.
+const LARGEST: f64 = 1e15;
+
+fn placeable((x, y): (f64, f64), log_scale: bool) -> bool {
+    x.abs() <= LARGEST && y.abs() <= LARGEST && (!log_scale || y > 0.0)
 }
 
 /// Ticks of a log axis over `range` (positive): powers of ten, or 1-2-5 of each decade, or
@@ -394,6 +419,15 @@ mod tests {
             assert!(svg.contains("<svg") && svg.contains("held-out exact match"));
             let png = std::fs::read(png).unwrap();
             assert_eq!(&png[1..4], b"PNG");
+        }
+        // Axes spanning the whole f64 range made plotters loop without end.
+        let extreme = Metrics {
+            loss: vec![(-1e308, 1e308), (1e308, -1e308), (0.0, 5e-324), (1.0, 2.0)],
+            ..Metrics::default()
+        };
+        for log_scale in [false, true] {
+            write_plots(&extreme, &dir, log_scale).unwrap();
+            write_plots(&Metrics::default(), &dir, log_scale).unwrap();
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

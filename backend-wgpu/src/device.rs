@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use tessera_core::exec::KernelCache;
-use tessera_core::ops::{check_dtypes, unsupported_dtypes, validate_kernel_launch};
+use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
-    Buffer, DType, Device, DeviceInfo, Error, Kernel, KernelTime, MemoryStats, Op, PendingBytes,
+    check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Kernel, KernelTime, MemoryStats, Op, PendingBytes,
     ReadyBytes, Result, TensorRef,
 };
 
@@ -70,19 +70,6 @@ impl WgpuDevice {
     }
 }
 
-fn byte_range(op: &str, buffer: &Arc<dyn Buffer>, offset: usize, len: usize) -> Result<()> {
-    match offset.checked_add(len) {
-        Some(end) if end <= buffer.len() => Ok(()),
-        _ => Err(Error::invalid(
-            op,
-            format!(
-                "{len} bytes at offset {offset} do not fit a buffer of {} bytes",
-                buffer.len()
-            ),
-        )),
-    }
-}
-
 impl Device for WgpuDevice {
     fn info(&self) -> &DeviceInfo {
         &self.core.info
@@ -93,7 +80,7 @@ impl Device for WgpuDevice {
     }
 
     fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
-        byte_range("write", buffer, offset, data.len())?;
+        check_byte_range("write", buffer, offset, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
@@ -102,7 +89,7 @@ impl Device for WgpuDevice {
 
     fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()> {
         self.core.syncs.fetch_add(1, Ordering::Relaxed);
-        byte_range("read", buffer, offset, out.len())?;
+        check_byte_range("read", buffer, offset, out.len())?;
         if out.is_empty() {
             return self.synchronize_inner();
         }
@@ -116,7 +103,7 @@ impl Device for WgpuDevice {
         len: usize,
     ) -> Result<Box<dyn PendingBytes>> {
         self.core.syncs.fetch_add(1, Ordering::Relaxed);
-        byte_range("read_later", buffer, offset, len)?;
+        check_byte_range("read_later", buffer, offset, len)?;
         if len == 0 {
             self.synchronize_inner()?;
             return Ok(Box::new(ReadyBytes(Vec::new())));
@@ -130,7 +117,7 @@ impl Device for WgpuDevice {
 
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
         self.kernels.get_or_build(op, input_dtypes, || {
-            check_supported(op, input_dtypes, &self.core.info.dtypes)?;
+            tessera_wgsl::check_supported("wgpu", op, input_dtypes, &self.core.info.dtypes)?;
             Ok(Arc::new(WgpuKernel {
                 op: op.clone(),
                 dtypes: input_dtypes.to_vec(),
@@ -195,22 +182,6 @@ impl WgpuDevice {
     }
 }
 
-/// The catalog's dtype rules hold for what the adapter stores (f16 only with `SHADER_F16`; no
-/// f64); beyond them the kernels lack integer data for gathers and scatters: they move
-/// values through f32, which would round integers past 2^24.
-fn check_supported(op: &Op, dtypes: &[DType], stored: &[DType]) -> Result<()> {
-    check_dtypes("wgpu", op, dtypes, stored)?;
-    let data = match op {
-        Op::Embedding | Op::Gather { .. } => dtypes.first(),
-        Op::EmbeddingBackward | Op::ScatterAdd { .. } => dtypes.get(1),
-        _ => None,
-    };
-    match data {
-        Some(d) if !d.is_float() => Err(unsupported_dtypes("wgpu", op, dtypes)),
-        _ => Ok(()),
-    }
-}
-
 /// A catalog op bound to the input dtypes it was requested for.
 struct WgpuKernel {
     op: Op,
@@ -243,16 +214,6 @@ impl Kernel for WgpuKernel {
             .core
             .upgrade()
             .ok_or_else(|| backend_err("the device of this kernel was dropped"))?;
-        let too_big = inputs
-            .iter()
-            .chain(outputs)
-            .any(|t| t.layout.extent() > u32::MAX as usize);
-        if too_big {
-            return Err(Error::unsupported(
-                "wgpu",
-                format!("{} on tensors past 2^32 elements", self.op.name()),
-            ));
-        }
         tessera_wgsl::launch(&*core, &self.op, inputs, outputs, scalars)
     }
 }

@@ -242,6 +242,20 @@ pub struct KernelTime {
     pub seconds: f64,
 }
 
+/// Checks that `len` bytes at `offset` lie inside `buffer`, for a host copy `op`.
+pub fn check_byte_range(op: &str, buffer: &Arc<dyn Buffer>, offset: usize, len: usize) -> crate::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buffer.len() => Ok(()),
+        _ => Err(crate::Error::invalid(
+            op,
+            format!(
+                "{len} bytes at offset {offset} do not fit a buffer of {} bytes",
+                buffer.len()
+            ),
+        )),
+    }
+}
+
 /// Devices are compared by identity: two handles are the same device only if they point at the
 /// same instance.
 pub fn same_device(a: &Arc<dyn Device>, b: &Arc<dyn Device>) -> bool {

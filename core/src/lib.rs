@@ -26,7 +26,7 @@ mod tensor;
 pub mod train;
 
 pub use device::{
-    same_device, Buffer, Device, DeviceInfo, Features, Kernel, KernelTime, Limits, MemoryStats,
+    check_byte_range, same_device, Buffer, Device, DeviceInfo, Features, Kernel, KernelTime, Limits, MemoryStats,
     PendingBytes, ReadyBytes, TensorRef,
 };
 pub use dtype::{decode_f64, encode_f64, DType, Element};

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use tessera_core::exec::{split, Part, PartLauncher};
-use tessera_core::{Buffer, Limits, Op, OpFamily, Result, TensorRef};
+use tessera_core::ops::{check_dtypes, unsupported_dtypes};
+use tessera_core::{Buffer, DType, Error, Limits, Op, OpFamily, Result, TensorRef};
 
 use crate::gpu::{Gpu, Planner};
 use crate::{attention, conv, elementwise, loss, matmul, movement, norm, optim, random, reduce};
@@ -16,7 +17,34 @@ pub fn launch(
     outputs: &[TensorRef<'_>],
     scalars: &[f64],
 ) -> Result<()> {
+    // The kernels index elements with 32 bits.
+    let too_big = inputs
+        .iter()
+        .chain(outputs)
+        .any(|t| t.layout.extent() > u32::MAX as usize);
+    if too_big {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!("{} on tensors past 2^32 elements", op.name()),
+        ));
+    }
     split::launch(&Planner(gpu), op, inputs, outputs, scalars)
+}
+
+/// Whether these kernels run `op` on inputs of `dtypes` on a device that stores `stored`: the
+/// catalog's dtype rules, and beyond them integer data for gathers and scatters, which the
+/// kernels move through f32 (rounding integers past 2^24), is `Unsupported`.
+pub fn check_supported(backend: &str, op: &Op, dtypes: &[DType], stored: &[DType]) -> Result<()> {
+    check_dtypes(backend, op, dtypes, stored)?;
+    let data = match op {
+        Op::Embedding | Op::Gather { .. } => dtypes.first(),
+        Op::EmbeddingBackward | Op::ScatterAdd { .. } => dtypes.get(1),
+        _ => None,
+    };
+    match data {
+        Some(d) if !d.is_float() => Err(unsupported_dtypes(backend, op, dtypes)),
+        _ => Ok(()),
+    }
 }
 
 impl PartLauncher for Planner<'_> {

@@ -44,5 +44,5 @@ mod reduce;
 mod source;
 
 pub use cache::PipelineCache;
-pub use dispatch::launch;
+pub use dispatch::{check_supported, launch};
 pub use gpu::{Binding, Caps, Dispatch, Gpu, WG};

@@ -1,0 +1,145 @@
+//! The Vulkan device: what `Device` asks of it, and its kernels, which validate a launch and
+//! hand it to the shared WGSL planners.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use tessera_core::exec::KernelCache;
+use tessera_core::ops::validate_kernel_launch;
+use tessera_core::{
+    check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Kernel, MemoryStats, Op, Result,
+    TensorRef,
+};
+
+use crate::context::Context;
+use crate::memory::lock;
+
+/// One Vulkan physical device opened as a device. Cheap to share: all state lives behind one
+/// `Arc`.
+pub struct VulkanDevice {
+    ctx: Arc<Context>,
+    kernels: KernelCache,
+}
+
+impl fmt::Debug for VulkanDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanDevice")
+            .field("info", &self.ctx.info)
+            .field("memory", &self.memory())
+            .finish()
+    }
+}
+
+impl VulkanDevice {
+    /// Opens physical device `ordinal` (the `N` of `vulkan:N`).
+    pub fn open(ordinal: usize) -> Result<Self> {
+        Ok(VulkanDevice {
+            ctx: Arc::new(Context::open(ordinal)?),
+            kernels: KernelCache::default(),
+        })
+    }
+}
+
+impl Device for VulkanDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.ctx.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        self.ctx.alloc(bytes)
+    }
+
+    fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
+        check_byte_range("write", buffer, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.write_bytes(buffer, offset, data)
+    }
+
+    fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_byte_range("read", buffer, offset, out.len())?;
+        if out.is_empty() {
+            return self.synchronize();
+        }
+        self.ctx.read_into(buffer, offset, out)
+    }
+
+    fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
+        self.kernels.get_or_build(op, input_dtypes, || {
+            tessera_wgsl::check_supported("vulkan", op, input_dtypes, &self.ctx.info.dtypes)?;
+            Ok(Arc::new(VulkanKernel {
+                op: op.clone(),
+                dtypes: input_dtypes.to_vec(),
+                ctx: Arc::downgrade(&self.ctx),
+            }))
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.ctx.syncs.fetch_add(1, Ordering::Relaxed);
+        self.ctx.drain()
+    }
+
+    fn memory(&self) -> MemoryStats {
+        lock(&self.ctx.pool).stats()
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        lock(&self.ctx.pool).set_limit(limit);
+    }
+
+    fn empty_cache(&self) {
+        lock(&self.ctx.pool).trim(|_| true);
+        if self.ctx.drain().is_ok() {
+            if let Ok(done) = self.ctx.completed() {
+                self.ctx.shared.collect(done);
+            }
+        }
+    }
+
+    fn reset_peak(&self) {
+        lock(&self.ctx.pool).reset_peak();
+    }
+
+    fn host_syncs(&self) -> u64 {
+        self.ctx.syncs.load(Ordering::Relaxed)
+    }
+}
+
+/// A catalog op bound to the input dtypes it was requested for.
+struct VulkanKernel {
+    op: Op,
+    dtypes: Vec<DType>,
+    ctx: Weak<Context>,
+}
+
+impl fmt::Debug for VulkanKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VulkanKernel")
+            .field("op", &self.op)
+            .field("dtypes", &self.dtypes)
+            .finish()
+    }
+}
+
+impl Kernel for VulkanKernel {
+    fn op(&self) -> &Op {
+        &self.op
+    }
+
+    fn launch(
+        &self,
+        inputs: &[TensorRef<'_>],
+        outputs: &[TensorRef<'_>],
+        scalars: &[f64],
+    ) -> Result<()> {
+        validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
+        let ctx = self.ctx.upgrade().ok_or_else(|| Error::Backend {
+            backend: "vulkan".into(),
+            detail: "the device of this kernel was dropped".into(),
+        })?;
+        tessera_wgsl::launch(&*ctx, &self.op, inputs, outputs, scalars)
+    }
+}

@@ -1,0 +1,145 @@
+//! The process's Vulkan instance and the physical devices that can run the kernels.
+//!
+//! One instance serves every device and lives as long as the process: the loader is read
+//! once, and a missing loader or driver means no devices, never a crash. Creating and
+//! destroying logical devices is serialized ([`DEVICE_SETUP`]): NVIDIA's driver crashes when
+//! threads do it at once.
+
+use std::ffi::CStr;
+use std::sync::{Mutex, OnceLock};
+
+use ash::vk;
+
+/// Held while a logical device is created or destroyed.
+pub(crate) static DEVICE_SETUP: Mutex<()> = Mutex::new(());
+
+/// The loaded library and the instance made from it.
+pub(crate) struct Instance {
+    /// Keeps the loader loaded while the instance lives.
+    _entry: ash::Entry,
+    pub(crate) instance: ash::Instance,
+    /// Physical devices that can run the kernels, in the order the loader lists them.
+    pub(crate) devices: Vec<Physical>,
+}
+
+/// A physical device and what opening it needs.
+#[derive(Clone, Debug)]
+pub(crate) struct Physical {
+    pub(crate) handle: vk::PhysicalDevice,
+    pub(crate) name: String,
+    /// A queue family with compute.
+    pub(crate) queue_family: u32,
+    pub(crate) cpu: bool,
+}
+
+/// Vulkan 1.2: timeline semaphores, 16-bit storage and `shaderFloat16` are core there.
+const API_VERSION: u32 = vk::API_VERSION_1_2;
+
+/// The instance, or why there is none (no loader, no driver, too old a driver).
+pub(crate) fn instance() -> Result<&'static Instance, String> {
+    static INSTANCE: OnceLock<Result<Instance, String>> = OnceLock::new();
+    INSTANCE.get_or_init(create).as_ref().map_err(Clone::clone)
+}
+
+fn create() -> Result<Instance, String> {
+    // SAFETY: loading the Vulkan loader runs its initialization; the library is the system's
+    // `libvulkan`, and the entry keeps it loaded for as long as the instance uses it.
+    let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("no Vulkan loader: {e}"))?;
+    // SAFETY: a query with no inputs on a loaded entry.
+    let version = unsafe { entry.try_enumerate_instance_version() }
+        .map_err(|e| format!("vkEnumerateInstanceVersion: {e}"))?
+        .unwrap_or(vk::API_VERSION_1_0);
+    if version < API_VERSION {
+        return Err(format!(
+            "the Vulkan loader offers {}.{}; Tessera needs 1.2",
+            vk::api_version_major(version),
+            vk::api_version_minor(version)
+        ));
+    }
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"tessera")
+        .engine_name(c"tessera")
+        .api_version(API_VERSION);
+    let info = vk::InstanceCreateInfo::default().application_info(&app);
+    let _setup = DEVICE_SETUP.lock().unwrap_or_else(|p| p.into_inner());
+    // SAFETY: `info` and what it points to live through the call; the instance is destroyed
+    // never (it serves the process).
+    let instance = unsafe { entry.create_instance(&info, None) }
+        .map_err(|e| format!("vkCreateInstance: {e}"))?;
+    // SAFETY: the instance is valid.
+    let handles = unsafe { instance.enumerate_physical_devices() }
+        .map_err(|e| format!("vkEnumeratePhysicalDevices: {e}"))?;
+    let devices = handles
+        .into_iter()
+        .filter_map(|pd| usable(&instance, pd))
+        .collect();
+    Ok(Instance {
+        _entry: entry,
+        instance,
+        devices,
+    })
+}
+
+/// Extensions a device must have.
+pub(crate) const REQUIRED_EXTENSIONS: [&CStr; 1] = [ash::khr::push_descriptor::NAME];
+
+/// `pd` with what opening it needs, if it can run the kernels: Vulkan 1.2, a compute queue,
+/// push descriptors, timeline semaphores and 16-bit storage.
+fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> {
+    // SAFETY: `pd` came from this instance.
+    let props = unsafe { instance.get_physical_device_properties(pd) };
+    if props.api_version < API_VERSION {
+        return None;
+    }
+    // SAFETY: as above.
+    let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
+    let queue_family = families
+        .iter()
+        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))?;
+    // SAFETY: as above.
+    let extensions = unsafe { instance.enumerate_device_extension_properties(pd) }.ok()?;
+    let has = |name: &CStr| {
+        extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(name))
+    };
+    if !REQUIRED_EXTENSIONS.iter().all(|&n| has(n)) {
+        return None;
+    }
+    let (v11, v12) = features(instance, pd);
+    if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
+        return None;
+    }
+    let name = props
+        .device_name_as_c_str()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "Vulkan device".into());
+    Some(Physical {
+        handle: pd,
+        name,
+        queue_family: queue_family as u32,
+        cpu: props.device_type == vk::PhysicalDeviceType::CPU,
+    })
+}
+
+/// The Vulkan 1.1 and 1.2 features `pd` offers.
+pub(crate) fn features(
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
+) -> (
+    vk::PhysicalDeviceVulkan11Features<'static>,
+    vk::PhysicalDeviceVulkan12Features<'static>,
+) {
+    let mut v11 = vk::PhysicalDeviceVulkan11Features::default();
+    let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+    {
+        let mut all = vk::PhysicalDeviceFeatures2::default()
+            .push_next(&mut v11)
+            .push_next(&mut v12);
+        // SAFETY: `pd` came from this instance; the chain lives through the call.
+        unsafe { instance.get_physical_device_features2(pd, &mut all) };
+    }
+    v11.p_next = std::ptr::null_mut();
+    v12.p_next = std::ptr::null_mut();
+    (v11, v12)
+}

@@ -1,0 +1,255 @@
+//! The shared WGSL kernels compiled to SPIR-V by naga, as compute pipelines cached per device.
+//!
+//! A kernel takes its data bindings as a push descriptor set (set 1, bindings from 1, as the
+//! WGSL declares them) and its parameters as push constants where the device has room for its
+//! block; a larger block comes from the batch's parameter buffer, bound as set 0 at a dynamic
+//! offset (`params.rs`). Set 0 is an empty layout for kernels with push constants. naga validates each module
+//! before the driver sees it, and writes it with the options wgpu's Vulkan backend uses
+//! (indices and buffer accesses clamped into bounds, workgroup memory zeroed), so a kernel
+//! behaves alike on both backends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ash::vk;
+use naga::back::spv;
+use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+use tessera_core::{Error, Result};
+use tessera_wgsl::PipelineCache;
+
+use crate::memory::{lock, vk_err, Shared};
+
+/// A compiled kernel and the layout it binds with. Pipelines live until their device goes
+/// (after its queue has finished), or are dropped unused when two threads compiled one kernel
+/// at once.
+pub(crate) struct Pipeline {
+    pub(crate) pipeline: vk::Pipeline,
+    pub(crate) layout: vk::PipelineLayout,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // SAFETY: no pending work uses the pipeline (see the type's docs).
+        unsafe { self.shared.device.destroy_pipeline(self.pipeline, None) };
+    }
+}
+
+/// The pipelines of one device and the layouts they share (dropped after the pipelines).
+pub(crate) struct Pipelines {
+    cache: PipelineCache<Pipeline>,
+    layouts: Layouts,
+}
+
+/// Set 0 (empty, or the parameter buffer), and set 1's push-descriptor layout with the
+/// pipeline layout by number of data bindings and whether parameters are push constants.
+struct Layouts {
+    shared: Arc<Shared>,
+    push_constant_bytes: u32,
+    empty_set: vk::DescriptorSetLayout,
+    param_set: vk::DescriptorSetLayout,
+    sets: Mutex<HashMap<usize, vk::DescriptorSetLayout>>,
+    by_bindings: Mutex<HashMap<(usize, bool), vk::PipelineLayout>>,
+}
+
+impl Pipelines {
+    pub(crate) fn new(shared: &Arc<Shared>, push_constant_bytes: u32) -> Result<Pipelines> {
+        let set_layout = |info: &vk::DescriptorSetLayoutCreateInfo| {
+            // SAFETY: the device is valid; `info` lives through the call.
+            unsafe { shared.device.create_descriptor_set_layout(info, None) }
+                .map_err(|e| vk_err("vkCreateDescriptorSetLayout", e))
+        };
+        let empty_set = set_layout(&vk::DescriptorSetLayoutCreateInfo::default())?;
+        let param_binding = [vk::DescriptorSetLayoutBinding::default()
+            .binding(0)
+            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER_DYNAMIC)
+            .descriptor_count(1)
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)];
+        let param_set =
+            set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&param_binding))?;
+        Ok(Pipelines {
+            cache: PipelineCache::default(),
+            layouts: Layouts {
+                shared: shared.clone(),
+                push_constant_bytes,
+                empty_set,
+                param_set,
+                sets: Mutex::new(HashMap::new()),
+                by_bindings: Mutex::new(HashMap::new()),
+            },
+        })
+    }
+
+    /// Set 0's layout for kernels that read their parameters from the parameter buffer.
+    pub(crate) fn param_set_layout(&self) -> vk::DescriptorSetLayout {
+        self.layouts.param_set
+    }
+}
+
+impl Layouts {
+    /// Set 1's push-descriptor layout for `bindings` data bindings.
+    fn data_set(&self, bindings: usize) -> Result<vk::DescriptorSetLayout> {
+        let mut sets = lock(&self.sets);
+        if let Some(set) = sets.get(&bindings) {
+            return Ok(*set);
+        }
+        let entries: Vec<vk::DescriptorSetLayoutBinding> = (1..=bindings as u32)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default()
+            .flags(vk::DescriptorSetLayoutCreateFlags::PUSH_DESCRIPTOR_KHR)
+            .bindings(&entries);
+        // SAFETY: the device is valid; `info` and `entries` live through the call.
+        let set = unsafe { self.shared.device.create_descriptor_set_layout(&info, None) }
+            .map_err(|e| vk_err("vkCreateDescriptorSetLayout", e))?;
+        sets.insert(bindings, set);
+        Ok(set)
+    }
+
+    fn layout(&self, bindings: usize, immediate: bool) -> Result<vk::PipelineLayout> {
+        let data = self.data_set(bindings)?;
+        let mut layouts = lock(&self.by_bindings);
+        if let Some(layout) = layouts.get(&(bindings, immediate)) {
+            return Ok(*layout);
+        }
+        let first = if immediate {
+            self.empty_set
+        } else {
+            self.param_set
+        };
+        let sets = [first, data];
+        let ranges = [vk::PushConstantRange {
+            stage_flags: vk::ShaderStageFlags::COMPUTE,
+            offset: 0,
+            size: self.push_constant_bytes,
+        }];
+        let mut info = vk::PipelineLayoutCreateInfo::default().set_layouts(&sets);
+        if immediate {
+            info = info.push_constant_ranges(&ranges);
+        }
+        // SAFETY: the device is valid; both set layouts belong to it; `info` and the arrays
+        // it points to live through the call.
+        let layout = unsafe { self.shared.device.create_pipeline_layout(&info, None) }
+            .map_err(|e| vk_err("vkCreatePipelineLayout", e))?;
+        layouts.insert((bindings, immediate), layout);
+        Ok(layout)
+    }
+}
+
+impl Pipelines {
+    /// The pipeline cached under `key`, compiling `source()` on a miss.
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        bindings: usize,
+        immediate: bool,
+        source: &mut dyn FnMut() -> Result<String>,
+    ) -> Result<Arc<Pipeline>> {
+        self.cache.get_or_build(key, immediate, || {
+            self.build(key, bindings, immediate, &source()?)
+        })
+    }
+
+    fn build(&self, key: &str, bindings: usize, immediate: bool, src: &str) -> Result<Pipeline> {
+        let words = to_spirv(key, src)?;
+        let layout = self.layouts.layout(bindings, immediate)?;
+        let shared = &self.layouts.shared;
+        let device = &shared.device;
+        let module_info = vk::ShaderModuleCreateInfo::default().code(&words);
+        // SAFETY: the device is valid; `words` is a SPIR-V module naga validated and wrote.
+        let module = unsafe { device.create_shader_module(&module_info, None) }
+            .map_err(|e| vk_err("vkCreateShaderModule", e))?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main");
+        let info = vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(layout);
+        // SAFETY: as above; the module and layout belong to this device and live through the
+        // call; the module is destroyed once the pipeline holds its code.
+        let created = unsafe {
+            let created =
+                device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
+            device.destroy_shader_module(module, None);
+            created
+        };
+        let pipeline = created
+            .map_err(|(_, e)| Error::Compile {
+                backend: "vulkan".into(),
+                op: key.into(),
+                log: format!("vkCreateComputePipelines: {e}"),
+            })?
+            .into_iter()
+            .next()
+            .ok_or_else(|| vk_err("vkCreateComputePipelines", vk::Result::ERROR_UNKNOWN))?;
+        Ok(Pipeline {
+            pipeline,
+            layout,
+            shared: shared.clone(),
+        })
+    }
+}
+
+impl Drop for Layouts {
+    fn drop(&mut self) {
+        let device = &self.shared.device;
+        // SAFETY: the pipelines made with these layouts are gone and the queue is idle (the
+        // context drains it first); every handle was created on this device.
+        unsafe {
+            for (_, layout) in lock(&self.by_bindings).drain() {
+                device.destroy_pipeline_layout(layout, None);
+            }
+            for (_, set) in lock(&self.sets).drain() {
+                device.destroy_descriptor_set_layout(set, None);
+            }
+            device.destroy_descriptor_set_layout(self.empty_set, None);
+            device.destroy_descriptor_set_layout(self.param_set, None);
+        }
+    }
+}
+
+/// WGSL to validated SPIR-V words.
+fn to_spirv(key: &str, src: &str) -> Result<Vec<u32>> {
+    let compile_error = |log: String| {
+        let numbered: Vec<String> = src
+            .lines()
+            .enumerate()
+            .map(|(i, l)| format!("{:4} {l}", i + 1))
+            .collect();
+        Error::Compile {
+            backend: "vulkan".into(),
+            op: key.into(),
+            log: format!("{log}\n{}", numbered.join("\n")),
+        }
+    };
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| compile_error(e.emit_to_string(src)))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+        .validate(&module)
+        .map_err(|e| compile_error(format!("{e:?}")))?;
+    let options = spv::Options {
+        // SPIR-V 1.5, the newest Vulkan 1.2 takes.
+        lang_version: (1, 5),
+        flags: spv::WriterFlags::empty(),
+        bounds_check_policies: BoundsCheckPolicies {
+            index: BoundsCheckPolicy::Restrict,
+            buffer: BoundsCheckPolicy::Restrict,
+            image_load: BoundsCheckPolicy::Restrict,
+            binding_array: BoundsCheckPolicy::Unchecked,
+        },
+        ..spv::Options::default()
+    };
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .map_err(|e| compile_error(format!("SPIR-V output: {e}")))
+}

@@ -1,0 +1,305 @@
+//! Recording and submitting work: many dispatches and copies per command buffer, a batch
+//! submitted at a sync point (a read, a `synchronize`) or every [`MAX_BATCH`] commands, each
+//! batch signalling its number on the device's timeline semaphore.
+//!
+//! Every command is followed by a full memory barrier, so each sees what the ones before it
+//! wrote: correct for any order of reads and writes, and the place to narrow later (a barrier
+//! only where a dispatch reads what an earlier one wrote).
+
+use std::collections::VecDeque;
+
+use ash::vk;
+use gpu_allocator::vulkan::Allocation;
+use tessera_core::Result;
+
+use crate::context::Context;
+use crate::memory::{vk_err, Shared};
+use crate::params::{ParamBuffer, ParamBuffers};
+use crate::pipelines::Pipeline;
+
+/// Commands recorded before a batch is submitted without waiting for a sync point.
+pub(crate) const MAX_BATCH: usize = 256;
+
+/// A host-visible buffer a batch copies through; freed when the batch has finished.
+pub(crate) struct Staging {
+    pub(crate) buffer: vk::Buffer,
+    pub(crate) allocation: Allocation,
+}
+
+struct Submitted {
+    commands: vk::CommandBuffer,
+    value: u64,
+    staging: Vec<Staging>,
+    params: Vec<ParamBuffer>,
+}
+
+/// The batch being recorded and the batches in flight.
+pub(crate) struct Recorder {
+    pool: vk::CommandPool,
+    current: Option<vk::CommandBuffer>,
+    commands: usize,
+    staging: Vec<Staging>,
+    in_flight: VecDeque<Submitted>,
+    free: Vec<vk::CommandBuffer>,
+    params: ParamBuffers,
+    /// Number of the last batch submitted (0: none yet).
+    submitted: u64,
+}
+
+impl Recorder {
+    pub(crate) fn new(shared: &Shared, queue_family: u32) -> Result<Recorder> {
+        let info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(queue_family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // SAFETY: the device is valid; the info lives through the call.
+        let pool = unsafe { shared.device.create_command_pool(&info, None) }
+            .map_err(|e| vk_err("vkCreateCommandPool", e))?;
+        Ok(Recorder {
+            pool,
+            current: None,
+            commands: 0,
+            staging: Vec::new(),
+            in_flight: VecDeque::new(),
+            free: Vec::new(),
+            params: ParamBuffers::default(),
+            submitted: 0,
+        })
+    }
+
+    /// The command buffer being recorded, begun if there was none.
+    fn begin(&mut self, shared: &Shared) -> Result<vk::CommandBuffer> {
+        if let Some(cb) = self.current {
+            return Ok(cb);
+        }
+        let cb = match self.free.pop() {
+            Some(cb) => cb,
+            None => {
+                let info = vk::CommandBufferAllocateInfo::default()
+                    .command_pool(self.pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(1);
+                // SAFETY: the pool belongs to this device and is used under the recorder's
+                // lock only.
+                unsafe { shared.device.allocate_command_buffers(&info) }
+                    .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
+            }
+        };
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // SAFETY: `cb` is in the initial state (new, or reset when its batch finished).
+        unsafe { shared.device.begin_command_buffer(cb, &begin) }
+            .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
+        self.current = Some(cb);
+        Ok(cb)
+    }
+
+    /// Makes everything recorded so far visible to what is recorded next.
+    fn barrier(shared: &Shared, cb: vk::CommandBuffer) {
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+        // SAFETY: `cb` is recording; the barrier array lives through the call.
+        unsafe {
+            shared.device.cmd_pipeline_barrier(
+                cb,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::DependencyFlags::empty(),
+                &barrier,
+                &[],
+                &[],
+            )
+        };
+    }
+
+    /// Records one kernel dispatch, its parameters as push constants where `immediate`, else
+    /// from the batch's parameter buffer.
+    pub(crate) fn dispatch(
+        &mut self,
+        ctx: &Context,
+        pipeline: &Pipeline,
+        buffers: &[vk::DescriptorBufferInfo],
+        params: &[u32],
+        immediate: bool,
+        grid: [u32; 3],
+    ) -> Result<()> {
+        let shared = &*ctx.shared;
+        let cb = self.begin(shared)?;
+        let param_set = if immediate {
+            None
+        } else {
+            let layout = ctx.pipelines.param_set_layout();
+            let align = ctx.caps.limits.binding_align as u64;
+            Some(self.params.push(shared, layout, align, params)?)
+        };
+        let writes: Vec<vk::WriteDescriptorSet> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_binding(i as u32 + 1)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(std::slice::from_ref(info))
+            })
+            .collect();
+        let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        // SAFETY: `cb` is recording; the pipeline, its layout, the parameter set and every
+        // buffer belong to this device and stay alive until the batch has finished (buffers
+        // are retired, not freed, while the queue may use them; parameter buffers stay with
+        // the batch); `writes` and `bytes` live through the calls.
+        unsafe {
+            let device = &shared.device;
+            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            if !writes.is_empty() {
+                ctx.push_descriptor.cmd_push_descriptor_set(
+                    cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    pipeline.layout,
+                    1,
+                    &writes,
+                );
+            }
+            if let Some((set, offset)) = param_set {
+                device.cmd_bind_descriptor_sets(
+                    cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    pipeline.layout,
+                    0,
+                    &[set],
+                    &[offset],
+                );
+            } else if !bytes.is_empty() {
+                device.cmd_push_constants(
+                    cb,
+                    pipeline.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    &bytes,
+                );
+            }
+            device.cmd_dispatch(cb, grid[0], grid[1], grid[2]);
+        }
+        Self::barrier(shared, cb);
+        self.recorded(ctx)
+    }
+
+    /// Records a copy between buffers; `keep` (a write's staging buffer) is freed when the
+    /// batch has finished.
+    pub(crate) fn copy(
+        &mut self,
+        ctx: &Context,
+        src: vk::Buffer,
+        dst: vk::Buffer,
+        region: vk::BufferCopy,
+        keep: Option<Staging>,
+    ) -> Result<()> {
+        let shared = &*ctx.shared;
+        let cb = self.begin(shared)?;
+        // SAFETY: `cb` is recording; both buffers belong to this device and outlive the batch
+        // (the staging buffer is kept with it).
+        unsafe { shared.device.cmd_copy_buffer(cb, src, dst, &[region]) };
+        Self::barrier(shared, cb);
+        self.staging.extend(keep);
+        self.recorded(ctx)
+    }
+
+    fn recorded(&mut self, ctx: &Context) -> Result<()> {
+        self.commands += 1;
+        if self.commands >= MAX_BATCH {
+            self.submit(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Submits the batch being recorded, if any, and returns the number the queue signals
+    /// when everything submitted so far has finished.
+    pub(crate) fn submit(&mut self, ctx: &Context) -> Result<u64> {
+        let Some(cb) = self.current.take() else {
+            return Ok(self.submitted);
+        };
+        let shared = &*ctx.shared;
+        let value = self.submitted + 1;
+        // A barrier to the host, so that reads of staging buffers see the batch's copies.
+        let to_host = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::HOST_READ)];
+        // SAFETY: `cb` is recording; the arrays live through the calls; the queue is used
+        // under the recorder's lock only.
+        let submitted = unsafe {
+            shared.device.cmd_pipeline_barrier(
+                cb,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &to_host,
+                &[],
+                &[],
+            );
+            shared
+                .device
+                .end_command_buffer(cb)
+                .map_err(|e| vk_err("vkEndCommandBuffer", e))?;
+            let values = [value];
+            let mut timeline =
+                vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+            let semaphores = [ctx.timeline];
+            let buffers = [cb];
+            let submit = vk::SubmitInfo::default()
+                .command_buffers(&buffers)
+                .signal_semaphores(&semaphores)
+                .push_next(&mut timeline);
+            shared
+                .device
+                .queue_submit(ctx.queue, &[submit], vk::Fence::null())
+        };
+        self.commands = 0;
+        self.in_flight.push_back(Submitted {
+            commands: cb,
+            value,
+            staging: std::mem::take(&mut self.staging),
+            params: self.params.take_batch(),
+        });
+        submitted.map_err(|e| vk_err("vkQueueSubmit", e))?;
+        self.submitted = value;
+        shared
+            .recording
+            .store(value + 1, std::sync::atomic::Ordering::Release);
+        Ok(value)
+    }
+
+    /// Recycles the command buffers and staging memory of batches up to `completed`.
+    pub(crate) fn reclaim(&mut self, shared: &Shared, completed: u64) {
+        while self.in_flight.front().is_some_and(|s| s.value <= completed) {
+            let Some(done) = self.in_flight.pop_front() else {
+                break;
+            };
+            // SAFETY: the batch has finished, so its command buffer is no longer pending.
+            let reset = unsafe {
+                shared
+                    .device
+                    .reset_command_buffer(done.commands, vk::CommandBufferResetFlags::empty())
+            };
+            if reset.is_ok() {
+                self.free.push(done.commands);
+            }
+            for s in done.staging {
+                shared.free_now(s.buffer, s.allocation);
+            }
+            self.params.recycle(done.params);
+        }
+    }
+
+    /// Frees the command pool and staging memory; the queue must be idle.
+    ///
+    /// # Safety
+    /// No submitted batch may still be pending.
+    pub(crate) unsafe fn destroy(&mut self, shared: &Shared) {
+        self.reclaim(shared, u64::MAX);
+        for s in std::mem::take(&mut self.staging) {
+            shared.free_now(s.buffer, s.allocation);
+        }
+        self.params.destroy(shared);
+        // SAFETY: the caller guarantees the queue is idle; freeing the pool frees its buffers.
+        unsafe { shared.device.destroy_command_pool(self.pool, None) };
+    }
+}

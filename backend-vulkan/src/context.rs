@@ -54,14 +54,17 @@ impl Context {
         let pd = physical.handle;
         // SAFETY: `pd` came from this instance.
         let props = unsafe { instance.get_physical_device_properties(pd) };
-        let push_constant_bytes = props.limits.max_push_constants_size.min(PUSH_CONSTANT_BYTES);
-        let (offered11, offered12) = features(instance, pd);
+        let push_constant_bytes = props
+            .limits
+            .max_push_constants_size
+            .min(PUSH_CONSTANT_BYTES);
+        let (_, offered12) = features(instance, pd);
         let f16 = offered12.shader_float16 == vk::TRUE;
-        let mut v11 = vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true);
+        let mut v11 =
+            vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true);
         let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
             .timeline_semaphore(true)
             .shader_float16(f16);
-        let _ = offered11;
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(physical.queue_family)
@@ -180,8 +183,12 @@ impl Context {
     /// The number of the last batch the queue has finished.
     pub(crate) fn completed(&self) -> Result<u64> {
         // SAFETY: the semaphore belongs to this device.
-        unsafe { self.shared.device.get_semaphore_counter_value(self.timeline) }
-            .map_err(|e| vk_err("vkGetSemaphoreCounterValue", e))
+        unsafe {
+            self.shared
+                .device
+                .get_semaphore_counter_value(self.timeline)
+        }
+        .map_err(|e| vk_err("vkGetSemaphoreCounterValue", e))
     }
 
     /// Waits until batch `value` has finished, then frees what it kept alive.
@@ -253,14 +260,22 @@ fn describe(
         | vk::SubgroupFeatureFlags::BALLOT
         | vk::SubgroupFeatureFlags::SHUFFLE
         | vk::SubgroupFeatureFlags::SHUFFLE_RELATIVE;
-    let subgroups = subgroup.supported_stages.contains(vk::ShaderStageFlags::COMPUTE)
+    let subgroups = subgroup
+        .supported_stages
+        .contains(vk::ShaderStageFlags::COMPUTE)
         && subgroup.supported_operations.contains(wanted);
-    let align = u64::from(limits.min_storage_buffer_offset_alignment).max(4);
+    let align = limits.min_storage_buffer_offset_alignment.max(4);
     let max_binding = u64::from(limits.max_storage_buffer_range);
     let max_binding = max_binding - max_binding % align;
-    let groups = limits.max_compute_work_group_count.iter().min().copied().unwrap_or(65535);
+    let groups = limits
+        .max_compute_work_group_count
+        .iter()
+        .min()
+        .copied()
+        .unwrap_or(65535);
     let limits = Limits {
-        max_buffer_bytes: usize::try_from(maintenance3.max_memory_allocation_size).unwrap_or(usize::MAX),
+        max_buffer_bytes: usize::try_from(maintenance3.max_memory_allocation_size)
+            .unwrap_or(usize::MAX),
         max_binding_bytes: max_binding as usize,
         binding_align: align as usize,
         max_workgroup_size: limits.max_compute_work_group_invocations as usize,
@@ -271,10 +286,17 @@ fn describe(
         backend: "vulkan".into(),
         ordinal,
         name: physical.name.clone(),
-        dtypes: [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32, DType::Bool]
-            .into_iter()
-            .filter(|&d| d != DType::F16 || f16)
-            .collect(),
+        dtypes: [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::I32,
+            DType::U32,
+            DType::Bool,
+        ]
+        .into_iter()
+        .filter(|&d| d != DType::F16 || f16)
+        .collect(),
         features: Features {
             f16,
             bf16: true,

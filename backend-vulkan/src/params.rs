@@ -62,7 +62,10 @@ impl ParamBuffers {
         };
         let offset = current.used;
         let Some(mapped) = current.allocation.mapped_slice_mut() else {
-            return Err(vk_err("parameter buffer mapping", vk::Result::ERROR_MEMORY_MAP_FAILED));
+            return Err(vk_err(
+                "parameter buffer mapping",
+                vk::Result::ERROR_MEMORY_MAP_FAILED,
+            ));
         };
         let start = offset as usize;
         for (i, w) in words.iter().enumerate() {

@@ -176,8 +176,7 @@ impl Pipelines {
         // SAFETY: as above; the module and layout belong to this device and live through the
         // call; the module is destroyed once the pipeline holds its code.
         let created = unsafe {
-            let created =
-                device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
+            let created = device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
             device.destroy_shader_module(module, None);
             created
         };
@@ -230,7 +229,8 @@ fn to_spirv(key: &str, src: &str) -> Result<Vec<u32>> {
             log: format!("{log}\n{}", numbered.join("\n")),
         }
     };
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| compile_error(e.emit_to_string(src)))?;
+    let module =
+        naga::front::wgsl::parse_str(src).map_err(|e| compile_error(e.emit_to_string(src)))?;
     let info = Validator::new(ValidationFlags::all(), Capabilities::all())
         .validate(&module)
         .map_err(|e| compile_error(format!("{e:?}")))?;

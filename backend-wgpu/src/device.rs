@@ -8,8 +8,8 @@ use std::sync::{Arc, Weak};
 use tessera_core::exec::KernelCache;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
-    check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Kernel, KernelTime, MemoryStats, Op, PendingBytes,
-    ReadyBytes, Result, TensorRef,
+    check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Kernel, KernelTime, MemoryStats,
+    Op, PendingBytes, ReadyBytes, Result, TensorRef,
 };
 
 use crate::adapter::{adapters, WgpuOptions};

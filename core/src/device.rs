@@ -243,7 +243,12 @@ pub struct KernelTime {
 }
 
 /// Checks that `len` bytes at `offset` lie inside `buffer`, for a host copy `op`.
-pub fn check_byte_range(op: &str, buffer: &Arc<dyn Buffer>, offset: usize, len: usize) -> crate::Result<()> {
+pub fn check_byte_range(
+    op: &str,
+    buffer: &Arc<dyn Buffer>,
+    offset: usize,
+    len: usize,
+) -> crate::Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= buffer.len() => Ok(()),
         _ => Err(crate::Error::invalid(

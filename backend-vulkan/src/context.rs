@@ -13,7 +13,7 @@ use tessera_wgsl::{Caps, Dispatch, Gpu};
 use crate::instance::{features, instance, Physical, DEVICE_SETUP, REQUIRED_EXTENSIONS};
 use crate::memory::{lock, vk_err, vulkan_buffer, Block, Shared, SharedPool, VulkanBuffer};
 use crate::pipelines::Pipelines;
-use crate::record::Recorder;
+use crate::record::{Queue, Recorder};
 
 /// Push-constant bytes kernels use at most: the largest parameter block, 64 words. Devices
 /// with fewer (Vulkan guarantees 128) pass larger blocks through the parameter buffer.
@@ -128,6 +128,18 @@ impl Context {
         })
     }
 
+    /// The parts of the device recording and submitting use.
+    pub(crate) fn queue(&self) -> Queue<'_> {
+        Queue {
+            shared: &self.shared,
+            push_descriptor: &self.push_descriptor,
+            queue: self.queue,
+            timeline: self.timeline,
+            param_layout: self.pipelines.param_set_layout(),
+            align: self.caps.limits.binding_align as u64,
+        }
+    }
+
     pub(crate) fn recorder(&self) -> MutexGuard<'_, Recorder> {
         lock(&self.recorder)
     }
@@ -209,7 +221,7 @@ impl Context {
 
     /// Submits what was recorded and waits for all of it.
     pub(crate) fn drain(&self) -> Result<()> {
-        let value = self.recorder().submit(self)?;
+        let value = self.recorder().submit(&self.queue())?;
         self.wait(value)
     }
 }
@@ -357,7 +369,7 @@ impl Gpu for Context {
         }
         let mut recorder = self.recorder();
         recorder.dispatch(
-            self,
+            &self.queue(),
             &pipeline,
             &buffers,
             dispatch.params,

@@ -45,7 +45,7 @@ impl Context {
             size: data.len() as u64,
         };
         self.recorder()
-            .copy(self, staging.buffer, dst, region, Some(staging))
+            .copy(&self.queue(), staging.buffer, dst, region, Some(staging))
     }
 
     /// Copies `out.len()` bytes of `buffer` at `offset` to the host, after the work recorded
@@ -66,9 +66,10 @@ impl Context {
         };
         let recorded = {
             let mut recorder = self.recorder();
+            let queue = self.queue();
             recorder
-                .copy(self, src, staging.buffer, region, None)
-                .and_then(|_| recorder.submit(self))
+                .copy(&queue, src, staging.buffer, region, None)
+                .and_then(|_| recorder.submit(&queue))
         };
         // The reader keeps its staging buffer: it is freed here, after the batch has finished
         // (or failed), never by another thread reclaiming the batch.

@@ -13,6 +13,16 @@
 //! timeline semaphore (`record.rs`). Memory comes from core's caching pool over gpu-allocator
 //! (`memory.rs`); blocks the pool lets go are freed once the queue has passed them.
 //!
+//! Status: on lavapipe a tiny model trains to the loss wgpu reaches and the Hugging Face
+//! fixtures and error tests pass, but the op conformance suite (`TESSERA_DEVICES=vulkan cargo
+//! test -p tessera-conformance --features vulkan --test ops`) ran 75 minutes at full CPU
+//! without finishing (wgpu: about 7), so something here is far slower on lavapipe; not yet
+//! profiled. Suspects, in order: naga's `Restrict` bounds checks on every buffer access
+//! (wgpu uses `Unchecked` where the device has `robustBufferAccess2`, as lavapipe does), a
+//! staging buffer allocated per host read and write, the full barrier after every command,
+//! and the row samples with grids past 65,535 workgroups. `target/conformance/timings.json`
+//! of a run narrowed with `TESSERA_OPS` shows where the time goes. Unrun on the H100.
+//!
 //! Not yet here (the backend's issue lists them): cooperative matrices (tensor cores), a
 //! pipeline cache on disk, barriers only where needed, timestamp profiling, asynchronous reads,
 //! and replaying recorded steps.

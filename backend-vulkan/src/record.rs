@@ -12,10 +12,22 @@ use ash::vk;
 use gpu_allocator::vulkan::Allocation;
 use tessera_core::Result;
 
-use crate::context::Context;
 use crate::memory::{vk_err, Shared};
 use crate::params::{ParamBuffer, ParamBuffers};
 use crate::pipelines::Pipeline;
+
+/// What recording and submitting use of the device.
+pub(crate) struct Queue<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) push_descriptor: &'a ash::khr::push_descriptor::Device,
+    pub(crate) queue: vk::Queue,
+    /// Signalled with each batch's number when it has finished.
+    pub(crate) timeline: vk::Semaphore,
+    /// Set 0's layout for parameters from the parameter buffer.
+    pub(crate) param_layout: vk::DescriptorSetLayout,
+    /// Alignment of dynamic offsets.
+    pub(crate) align: u64,
+}
 
 /// Commands recorded before a batch is submitted without waiting for a sync point.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -116,21 +128,22 @@ impl Recorder {
     /// from the batch's parameter buffer.
     pub(crate) fn dispatch(
         &mut self,
-        ctx: &Context,
+        ctx: &Queue<'_>,
         pipeline: &Pipeline,
         buffers: &[vk::DescriptorBufferInfo],
         params: &[u32],
         immediate: bool,
         grid: [u32; 3],
     ) -> Result<()> {
-        let shared = &*ctx.shared;
+        let shared = ctx.shared;
         let cb = self.begin(shared)?;
         let param_set = if immediate {
             None
         } else {
-            let layout = ctx.pipelines.param_set_layout();
-            let align = ctx.caps.limits.binding_align as u64;
-            Some(self.params.push(shared, layout, align, params)?)
+            Some(
+                self.params
+                    .push(shared, ctx.param_layout, ctx.align, params)?,
+            )
         };
         let writes: Vec<vk::WriteDescriptorSet> = buffers
             .iter()
@@ -187,13 +200,13 @@ impl Recorder {
     /// batch has finished.
     pub(crate) fn copy(
         &mut self,
-        ctx: &Context,
+        ctx: &Queue<'_>,
         src: vk::Buffer,
         dst: vk::Buffer,
         region: vk::BufferCopy,
         keep: Option<Staging>,
     ) -> Result<()> {
-        let shared = &*ctx.shared;
+        let shared = ctx.shared;
         let cb = self.begin(shared)?;
         // SAFETY: `cb` is recording; both buffers belong to this device and outlive the batch
         // (the staging buffer is kept with it).
@@ -203,7 +216,7 @@ impl Recorder {
         self.recorded(ctx)
     }
 
-    fn recorded(&mut self, ctx: &Context) -> Result<()> {
+    fn recorded(&mut self, ctx: &Queue<'_>) -> Result<()> {
         self.commands += 1;
         if self.commands >= MAX_BATCH {
             self.submit(ctx)?;
@@ -213,11 +226,11 @@ impl Recorder {
 
     /// Submits the batch being recorded, if any, and returns the number the queue signals
     /// when everything submitted so far has finished.
-    pub(crate) fn submit(&mut self, ctx: &Context) -> Result<u64> {
+    pub(crate) fn submit(&mut self, ctx: &Queue<'_>) -> Result<u64> {
         let Some(cb) = self.current.take() else {
             return Ok(self.submitted);
         };
-        let shared = &*ctx.shared;
+        let shared = ctx.shared;
         let value = self.submitted + 1;
         // A barrier to the host, so that reads of staging buffers see the batch's copies.
         let to_host = [vk::MemoryBarrier::default()

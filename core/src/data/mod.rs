@@ -11,11 +11,13 @@ mod addition;
 mod hf_tokenizer;
 mod text;
 mod tokenizer;
+mod tokenizer_record;
 
 pub use addition::{parse_problem, AdditionTask, AdditionTokenizer, SUCCESS_BAR};
 pub use hf_tokenizer::HfTokenizer;
 pub use text::{Split, TextDataset, DEFAULT_VAL_FRACTION};
-pub use tokenizer::{from_record, ByteTokenizer, Gpt2Tokenizer, TextStream, Tokenizer};
+pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, TextStream, Tokenizer};
+pub use tokenizer_record::from_record;
 
 /// The target value that training ignores: core's cross-entropy gives zero loss (and zero
 /// gradient) to any target outside `0..V`, and `u32::MAX` is outside every vocabulary. Targets

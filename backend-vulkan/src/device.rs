@@ -3,14 +3,13 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use tessera_core::exec::KernelCache;
-use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
-    check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Kernel, MemoryStats, Op, Result,
-    TensorRef,
+    check_byte_range, Buffer, DType, Device, DeviceInfo, Kernel, MemoryStats, Op, Result,
 };
+use tessera_wgsl::WgslKernel;
 
 use crate::context::Context;
 use crate::memory::lock;
@@ -68,12 +67,7 @@ impl Device for VulkanDevice {
 
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
         self.kernels.get_or_build(op, input_dtypes, || {
-            tessera_wgsl::check_supported("vulkan", op, input_dtypes, &self.ctx.info.dtypes)?;
-            Ok(Arc::new(VulkanKernel {
-                op: op.clone(),
-                dtypes: input_dtypes.to_vec(),
-                ctx: Arc::downgrade(&self.ctx),
-            }))
+            WgslKernel::build(&self.ctx, op, input_dtypes, &self.ctx.info.dtypes)
         })
     }
 
@@ -105,41 +99,5 @@ impl Device for VulkanDevice {
 
     fn host_syncs(&self) -> u64 {
         self.ctx.syncs.load(Ordering::Relaxed)
-    }
-}
-
-/// A catalog op bound to the input dtypes it was requested for.
-struct VulkanKernel {
-    op: Op,
-    dtypes: Vec<DType>,
-    ctx: Weak<Context>,
-}
-
-impl fmt::Debug for VulkanKernel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VulkanKernel")
-            .field("op", &self.op)
-            .field("dtypes", &self.dtypes)
-            .finish()
-    }
-}
-
-impl Kernel for VulkanKernel {
-    fn op(&self) -> &Op {
-        &self.op
-    }
-
-    fn launch(
-        &self,
-        inputs: &[TensorRef<'_>],
-        outputs: &[TensorRef<'_>],
-        scalars: &[f64],
-    ) -> Result<()> {
-        validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
-        let ctx = self.ctx.upgrade().ok_or_else(|| Error::Backend {
-            backend: "vulkan".into(),
-            detail: "the device of this kernel was dropped".into(),
-        })?;
-        tessera_wgsl::launch(&*ctx, &self.op, inputs, outputs, scalars)
     }
 }

@@ -3,20 +3,20 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use tessera_core::exec::KernelCache;
-use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Kernel, KernelTime, MemoryStats,
-    Op, PendingBytes, ReadyBytes, Result, TensorRef,
+    Op, PendingBytes, ReadyBytes, Result,
 };
+use tessera_wgsl::WgslKernel;
 
 use crate::adapter::{adapters, WgpuOptions};
 use crate::batch::{Core, MAX_BATCH};
 use crate::buffer::wgpu_buffer;
 use crate::profile::{report, Profiler};
-use crate::sync::{backend_err, lock};
+use crate::sync::lock;
 
 /// One wgpu adapter opened as a device. Cheap to share: all state lives behind one `Arc`.
 pub struct WgpuDevice {
@@ -117,12 +117,7 @@ impl Device for WgpuDevice {
 
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
         self.kernels.get_or_build(op, input_dtypes, || {
-            tessera_wgsl::check_supported("wgpu", op, input_dtypes, &self.core.info.dtypes)?;
-            Ok(Arc::new(WgpuKernel {
-                op: op.clone(),
-                dtypes: input_dtypes.to_vec(),
-                core: Arc::downgrade(&self.core),
-            }))
+            WgslKernel::build(&self.core, op, input_dtypes, &self.core.info.dtypes)
         })
     }
 
@@ -179,41 +174,5 @@ impl Device for WgpuDevice {
 impl WgpuDevice {
     fn synchronize_inner(&self) -> Result<()> {
         self.core.drain()
-    }
-}
-
-/// A catalog op bound to the input dtypes it was requested for.
-struct WgpuKernel {
-    op: Op,
-    dtypes: Vec<DType>,
-    core: Weak<Core>,
-}
-
-impl fmt::Debug for WgpuKernel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WgpuKernel")
-            .field("op", &self.op)
-            .field("dtypes", &self.dtypes)
-            .finish()
-    }
-}
-
-impl Kernel for WgpuKernel {
-    fn op(&self) -> &Op {
-        &self.op
-    }
-
-    fn launch(
-        &self,
-        inputs: &[TensorRef<'_>],
-        outputs: &[TensorRef<'_>],
-        scalars: &[f64],
-    ) -> Result<()> {
-        validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
-        let core = self
-            .core
-            .upgrade()
-            .ok_or_else(|| backend_err("the device of this kernel was dropped"))?;
-        tessera_wgsl::launch(&*core, &self.op, inputs, outputs, scalars)
     }
 }

@@ -10,7 +10,10 @@ use tessera_core::memory::Pool;
 use tessera_core::{Buffer, DType, DeviceInfo, Error, Features, Limits, Result};
 use tessera_wgsl::{Caps, Dispatch, Gpu};
 
-use crate::instance::{features, instance, Physical, DEVICE_SETUP, REQUIRED_EXTENSIONS};
+use crate::instance::{
+    features, instance, Physical, DEVICE_SETUP, REQUIRED_EXTENSIONS,
+    ZERO_INITIALIZE_WORKGROUP_MEMORY,
+};
 use crate::memory::{lock, vk_err, vulkan_buffer, Block, Shared, SharedPool, VulkanBuffer};
 use crate::pipelines::Pipelines;
 use crate::record::{Queue, Recorder};
@@ -65,17 +68,29 @@ impl Context {
         let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
             .timeline_semaphore(true)
             .shader_float16(f16);
+        let zero_init = physical.zero_initializes_workgroup_memory;
+        let mut zero_init_feature =
+            vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default()
+                .shader_zero_initialize_workgroup_memory(true);
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default()
             .queue_family_index(physical.queue_family)
             .queue_priorities(&priorities)];
-        let extensions: Vec<*const std::ffi::c_char> =
+        let mut extensions: Vec<*const std::ffi::c_char> =
             REQUIRED_EXTENSIONS.iter().map(|n| n.as_ptr()).collect();
+        if zero_init {
+            extensions.push(ZERO_INITIALIZE_WORKGROUP_MEMORY.as_ptr());
+        }
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
             .push_next(&mut v11)
             .push_next(&mut v12);
+        let create = if zero_init {
+            create.push_next(&mut zero_init_feature)
+        } else {
+            create
+        };
         let device = {
             let _setup = lock(&DEVICE_SETUP);
             // SAFETY: `pd` came from this instance; `create` and what it points to live
@@ -120,7 +135,7 @@ impl Context {
             queue,
             timeline,
             recorder: Mutex::new(recorder),
-            pipelines: Pipelines::new(&shared, push_constant_bytes)?,
+            pipelines: Pipelines::new(&shared, &props, push_constant_bytes, zero_init)?,
             pool: Arc::new(Mutex::new(Pool::default())),
             next_id: AtomicU64::new(0),
             syncs: AtomicU64::new(0),

@@ -30,6 +30,11 @@ pub(crate) struct Physical {
     /// A queue family with compute.
     pub(crate) queue_family: u32,
     pub(crate) cpu: bool,
+    /// `VK_KHR_zero_initialize_workgroup_memory`: the driver zeroes workgroup memory itself,
+    /// so kernels need not carry naga's zeroing code (with it, lavapipe recompiled the matmul
+    /// kernels on every run despite its shader cache, as wgpu, which also uses the driver's
+    /// zeroing, does not).
+    pub(crate) zero_initializes_workgroup_memory: bool,
 }
 
 /// Vulkan 1.2: timeline semaphores, 16-bit storage and `shaderFloat16` are core there.
@@ -107,6 +112,8 @@ fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> 
         return None;
     }
     let (v11, v12) = features(instance, pd);
+    let zero_initializes_workgroup_memory =
+        has(ZERO_INITIALIZE_WORKGROUP_MEMORY) && zero_initialize_feature(instance, pd);
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -119,7 +126,21 @@ fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> 
         name,
         queue_family: queue_family as u32,
         cpu: props.device_type == vk::PhysicalDeviceType::CPU,
+        zero_initializes_workgroup_memory,
     })
+}
+
+/// The extension that lets the driver zero workgroup memory (core in Vulkan 1.3, still listed).
+pub(crate) const ZERO_INITIALIZE_WORKGROUP_MEMORY: &CStr =
+    ash::khr::zero_initialize_workgroup_memory::NAME;
+
+/// Whether `pd` offers `shaderZeroInitializeWorkgroupMemory`.
+fn zero_initialize_feature(instance: &ash::Instance, pd: vk::PhysicalDevice) -> bool {
+    let mut zero = vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default();
+    let mut all = vk::PhysicalDeviceFeatures2::default().push_next(&mut zero);
+    // SAFETY: `pd` came from this instance; the chain lives through the call.
+    unsafe { instance.get_physical_device_features2(pd, &mut all) };
+    zero.shader_zero_initialize_workgroup_memory == vk::TRUE
 }
 
 /// The Vulkan 1.1 and 1.2 features `pd` offers.

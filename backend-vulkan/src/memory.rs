@@ -18,6 +18,7 @@ use gpu_allocator::MemoryLocation;
 use tessera_core::memory::Pool;
 use tessera_core::{Buffer, Error, Result};
 
+use crate::host::StagingPool;
 use crate::instance::DEVICE_SETUP;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -40,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) recording: AtomicU64,
     /// Memory let go while the queue may still use it, with the batch after which it is free.
     retired: Mutex<Vec<(u64, vk::Buffer, Allocation)>>,
+    /// Host-visible buffers for copies, kept for reuse.
+    pub(crate) staging: StagingPool,
 }
 
 impl Shared {
@@ -49,6 +52,7 @@ impl Shared {
             allocator: ManuallyDrop::new(Mutex::new(allocator)),
             recording: AtomicU64::new(1),
             retired: Mutex::new(Vec::new()),
+            staging: StagingPool::default(),
         }
     }
 
@@ -141,7 +145,12 @@ impl Drop for Shared {
         // retired buffer free to destroy, and the allocator's memory goes before the device.
         unsafe {
             let _ = self.device.device_wait_idle();
-            for (_, buffer, allocation) in std::mem::take(&mut *lock(&self.retired)) {
+            let staging = self.staging.drain().into_iter();
+            let retired = std::mem::take(&mut *lock(&self.retired)).into_iter();
+            for (buffer, allocation) in staging
+                .map(|s| (s.buffer, s.allocation))
+                .chain(retired.map(|(_, b, a)| (b, a)))
+            {
                 self.device.destroy_buffer(buffer, None);
                 let _ = lock(&self.allocator).free(allocation);
             }

@@ -6,7 +6,8 @@
 //! offset (`params.rs`). Set 0 is an empty layout for kernels with push constants. naga validates each module
 //! before the driver sees it, and writes it with the options wgpu's Vulkan backend uses
 //! (indices and buffer accesses clamped into bounds, workgroup memory zeroed), so a kernel
-//! behaves alike on both backends.
+//! behaves alike on both backends. The driver's compiled pipelines are kept on disk between runs
+//! (`driver_cache.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 use tessera_core::{Error, Result};
 use tessera_wgsl::PipelineCache;
 
+use crate::driver_cache::DriverCache;
 use crate::memory::{lock, vk_err, Shared};
 
 /// A compiled kernel and the layout it binds with. Pipelines live until their device goes
@@ -26,6 +28,9 @@ use crate::memory::{lock, vk_err, Shared};
 pub(crate) struct Pipeline {
     pub(crate) pipeline: vk::Pipeline,
     pub(crate) layout: vk::PipelineLayout,
+    /// Whether the kernel may write each data binding (`read_write` in its WGSL), in binding
+    /// order: where the recorder needs a barrier.
+    pub(crate) writes: Vec<bool>,
     shared: Arc<Shared>,
 }
 
@@ -40,6 +45,11 @@ impl Drop for Pipeline {
 pub(crate) struct Pipelines {
     cache: PipelineCache<Pipeline>,
     layouts: Layouts,
+    /// The driver's compiled pipelines, kept on disk between runs.
+    driver_cache: DriverCache,
+    /// How kernels get their workgroup memory zeroed: by the driver where it can, else by
+    /// code naga writes into each kernel.
+    zero_initialize: spv::ZeroInitializeWorkgroupMemoryMode,
 }
 
 /// Set 0 (empty, or the parameter buffer), and set 1's push-descriptor layout with the
@@ -54,7 +64,12 @@ struct Layouts {
 }
 
 impl Pipelines {
-    pub(crate) fn new(shared: &Arc<Shared>, push_constant_bytes: u32) -> Result<Pipelines> {
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        props: &vk::PhysicalDeviceProperties,
+        push_constant_bytes: u32,
+        driver_zeroes_workgroup_memory: bool,
+    ) -> Result<Pipelines> {
         let set_layout = |info: &vk::DescriptorSetLayoutCreateInfo| {
             // SAFETY: the device is valid; `info` lives through the call.
             unsafe { shared.device.create_descriptor_set_layout(info, None) }
@@ -68,8 +83,15 @@ impl Pipelines {
             .stage_flags(vk::ShaderStageFlags::COMPUTE)];
         let param_set =
             set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&param_binding))?;
+        let driver_cache = DriverCache::open(shared, props)?;
         Ok(Pipelines {
             cache: PipelineCache::default(),
+            driver_cache,
+            zero_initialize: if driver_zeroes_workgroup_memory {
+                spv::ZeroInitializeWorkgroupMemoryMode::Native
+            } else {
+                spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
+            },
             layouts: Layouts {
                 shared: shared.clone(),
                 push_constant_bytes,
@@ -158,7 +180,7 @@ impl Pipelines {
     }
 
     fn build(&self, key: &str, bindings: usize, immediate: bool, src: &str) -> Result<Pipeline> {
-        let words = to_spirv(key, src)?;
+        let (words, writes) = to_spirv(key, src, bindings, self.zero_initialize)?;
         let layout = self.layouts.layout(bindings, immediate)?;
         let shared = &self.layouts.shared;
         let device = &shared.device;
@@ -173,10 +195,11 @@ impl Pipelines {
         let info = vk::ComputePipelineCreateInfo::default()
             .stage(stage)
             .layout(layout);
-        // SAFETY: as above; the module and layout belong to this device and live through the
-        // call; the module is destroyed once the pipeline holds its code.
+        // SAFETY: as above; the module, layout and cache belong to this device and live through
+        // the call (the cache is synchronized by the driver); the module is destroyed once the
+        // pipeline holds its code.
         let created = unsafe {
-            let created = device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
+            let created = device.create_compute_pipelines(self.driver_cache.handle, &[info], None);
             device.destroy_shader_module(module, None);
             created
         };
@@ -189,9 +212,11 @@ impl Pipelines {
             .into_iter()
             .next()
             .ok_or_else(|| vk_err("vkCreateComputePipelines", vk::Result::ERROR_UNKNOWN))?;
+        self.driver_cache.grew();
         Ok(Pipeline {
             pipeline,
             layout,
+            writes,
             shared: shared.clone(),
         })
     }
@@ -215,8 +240,14 @@ impl Drop for Layouts {
     }
 }
 
-/// WGSL to validated SPIR-V words.
-fn to_spirv(key: &str, src: &str) -> Result<Vec<u32>> {
+/// WGSL to validated SPIR-V words, with whether the kernel may write each of its `bindings`
+/// data bindings.
+fn to_spirv(
+    key: &str,
+    src: &str,
+    bindings: usize,
+    zero_initialize: spv::ZeroInitializeWorkgroupMemoryMode,
+) -> Result<(Vec<u32>, Vec<bool>)> {
     let compile_error = |log: String| {
         let numbered: Vec<String> = src
             .lines()
@@ -244,12 +275,37 @@ fn to_spirv(key: &str, src: &str) -> Result<Vec<u32>> {
             image_load: BoundsCheckPolicy::Restrict,
             binding_array: BoundsCheckPolicy::Unchecked,
         },
+        zero_initialize_workgroup_memory: zero_initialize,
         ..spv::Options::default()
     };
     let pipeline = spv::PipelineOptions {
         shader_stage: naga::ShaderStage::Compute,
         entry_point: "main".into(),
     };
-    spv::write_vec(&module, &info, &options, Some(&pipeline))
-        .map_err(|e| compile_error(format!("SPIR-V output: {e}")))
+    let words = spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .map_err(|e| compile_error(format!("SPIR-V output: {e}")))?;
+    Ok((words, written_bindings(&module, bindings)))
+}
+
+/// Whether `module` declares each of group 1's bindings 1 to `bindings` writable; an
+/// undeclared binding counts as written, to be safe.
+fn written_bindings(module: &naga::Module, bindings: usize) -> Vec<bool> {
+    let mut writes = vec![true; bindings];
+    for (_, var) in module.global_variables.iter() {
+        let Some(naga::ResourceBinding { group: 1, binding }) = var.binding else {
+            continue;
+        };
+        if let Some(slot) = (binding as usize)
+            .checked_sub(1)
+            .and_then(|i| writes.get_mut(i))
+        {
+            *slot = match var.space {
+                naga::AddressSpace::Storage { access } => {
+                    access.contains(naga::StorageAccess::STORE)
+                }
+                _ => false,
+            };
+        }
+    }
+    writes
 }

@@ -2,16 +2,18 @@
 //! submitted at a sync point (a read, a `synchronize`) or every [`MAX_BATCH`] commands, each
 //! batch signalling its number on the device's timeline semaphore.
 //!
-//! Every command is followed by a full memory barrier, so each sees what the ones before it
-//! wrote: correct for any order of reads and writes, and the place to narrow later (a barrier
-//! only where a dispatch reads what an earlier one wrote).
+//! A barrier goes only where a command needs one: before a command that reads or writes a
+//! buffer written since the last barrier, or writes one read since it ([`Hazards`], by buffer:
+//! two windows of one buffer count as the same). It waits for compute and copies, not every
+//! stage. The record survives submission: a barrier orders a command after everything earlier
+//! in submission order, earlier batches included.
 
 use std::collections::VecDeque;
 
 use ash::vk;
-use gpu_allocator::vulkan::Allocation;
 use tessera_core::Result;
 
+use crate::host::Staging;
 use crate::memory::{vk_err, Shared};
 use crate::params::{ParamBuffer, ParamBuffers};
 use crate::pipelines::Pipeline;
@@ -32,17 +34,43 @@ pub(crate) struct Queue<'a> {
 /// Commands recorded before a batch is submitted without waiting for a sync point.
 pub(crate) const MAX_BATCH: usize = 256;
 
-/// A host-visible buffer a batch copies through; freed when the batch has finished.
-pub(crate) struct Staging {
-    pub(crate) buffer: vk::Buffer,
-    pub(crate) allocation: Allocation,
-}
-
 struct Submitted {
     commands: vk::CommandBuffer,
     value: u64,
     staging: Vec<Staging>,
     params: Vec<ParamBuffer>,
+}
+
+/// Buffers read and written since the last barrier.
+#[derive(Default)]
+struct Hazards {
+    read: Vec<vk::Buffer>,
+    written: Vec<vk::Buffer>,
+}
+
+impl Hazards {
+    /// Notes a command's accesses (`(buffer, writes)` pairs); true where the command must wait
+    /// for the commands before it (then the record restarts with this command alone).
+    fn access(&mut self, accesses: impl Iterator<Item = (vk::Buffer, bool)> + Clone) -> bool {
+        let conflict = accesses.clone().any(|(buffer, writes)| {
+            self.written.contains(&buffer) || (writes && self.read.contains(&buffer))
+        });
+        if conflict {
+            self.read.clear();
+            self.written.clear();
+        }
+        for (buffer, writes) in accesses {
+            let list = if writes {
+                &mut self.written
+            } else {
+                &mut self.read
+            };
+            if !list.contains(&buffer) {
+                list.push(buffer);
+            }
+        }
+        conflict
+    }
 }
 
 /// The batch being recorded and the batches in flight.
@@ -54,6 +82,7 @@ pub(crate) struct Recorder {
     in_flight: VecDeque<Submitted>,
     free: Vec<vk::CommandBuffer>,
     params: ParamBuffers,
+    hazards: Hazards,
     /// Number of the last batch submitted (0: none yet).
     submitted: u64,
 }
@@ -74,6 +103,7 @@ impl Recorder {
             in_flight: VecDeque::new(),
             free: Vec::new(),
             params: ParamBuffers::default(),
+            hazards: Hazards::default(),
             submitted: 0,
         })
     }
@@ -105,17 +135,31 @@ impl Recorder {
         Ok(cb)
     }
 
-    /// Makes everything recorded so far visible to what is recorded next.
-    fn barrier(shared: &Shared, cb: vk::CommandBuffer) {
+    /// Records a barrier before a command with `accesses` where it needs one.
+    fn barrier_for(
+        &mut self,
+        shared: &Shared,
+        cb: vk::CommandBuffer,
+        accesses: impl Iterator<Item = (vk::Buffer, bool)> + Clone,
+    ) {
+        if !self.hazards.access(accesses) {
+            return;
+        }
+        let work = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
         let barrier = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(
+                vk::AccessFlags::SHADER_READ
+                    | vk::AccessFlags::SHADER_WRITE
+                    | vk::AccessFlags::TRANSFER_READ
+                    | vk::AccessFlags::TRANSFER_WRITE,
+            )];
         // SAFETY: `cb` is recording; the barrier array lives through the call.
         unsafe {
             shared.device.cmd_pipeline_barrier(
                 cb,
-                vk::PipelineStageFlags::ALL_COMMANDS,
-                vk::PipelineStageFlags::ALL_COMMANDS,
+                work,
+                work,
                 vk::DependencyFlags::empty(),
                 &barrier,
                 &[],
@@ -137,6 +181,11 @@ impl Recorder {
     ) -> Result<()> {
         let shared = ctx.shared;
         let cb = self.begin(shared)?;
+        let accesses = buffers
+            .iter()
+            .zip(&pipeline.writes)
+            .map(|(b, &writes)| (b.buffer, writes));
+        self.barrier_for(shared, cb, accesses);
         let param_set = if immediate {
             None
         } else {
@@ -192,7 +241,6 @@ impl Recorder {
             }
             device.cmd_dispatch(cb, grid[0], grid[1], grid[2]);
         }
-        Self::barrier(shared, cb);
         self.recorded(ctx)
     }
 
@@ -208,10 +256,10 @@ impl Recorder {
     ) -> Result<()> {
         let shared = ctx.shared;
         let cb = self.begin(shared)?;
+        self.barrier_for(shared, cb, [(src, false), (dst, true)].into_iter());
         // SAFETY: `cb` is recording; both buffers belong to this device and outlive the batch
         // (the staging buffer is kept with it).
         unsafe { shared.device.cmd_copy_buffer(cb, src, dst, &[region]) };
-        Self::barrier(shared, cb);
         self.staging.extend(keep);
         self.recorded(ctx)
     }
@@ -234,14 +282,14 @@ impl Recorder {
         let value = self.submitted + 1;
         // A barrier to the host, so that reads of staging buffers see the batch's copies.
         let to_host = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
             .dst_access_mask(vk::AccessFlags::HOST_READ)];
         // SAFETY: `cb` is recording; the arrays live through the calls; the queue is used
         // under the recorder's lock only.
         let submitted = unsafe {
             shared.device.cmd_pipeline_barrier(
                 cb,
-                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
                 vk::PipelineStageFlags::HOST,
                 vk::DependencyFlags::empty(),
                 &to_host,
@@ -296,7 +344,7 @@ impl Recorder {
                 self.free.push(done.commands);
             }
             for s in done.staging {
-                shared.free_now(s.buffer, s.allocation);
+                shared.staging.give_back(shared, s);
             }
             self.params.recycle(done.params);
         }
@@ -314,5 +362,41 @@ impl Recorder {
         self.params.destroy(shared);
         // SAFETY: the caller guarantees the queue is idle; freeing the pool frees its buffers.
         unsafe { shared.device.destroy_command_pool(self.pool, None) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ash::vk::Handle;
+
+    fn buffer(n: u64) -> vk::Buffer {
+        vk::Buffer::from_raw(n)
+    }
+
+    /// Whether a command with `accesses` gets a barrier after the commands noted so far.
+    fn waits(hazards: &mut Hazards, accesses: &[(u64, bool)]) -> bool {
+        hazards.access(accesses.iter().map(|&(b, w)| (buffer(b), w)))
+    }
+
+    #[test]
+    fn barriers_go_only_where_an_access_conflicts() {
+        let mut h = Hazards::default();
+        assert!(!waits(&mut h, &[(1, false), (2, true)]), "first command");
+        assert!(
+            !waits(&mut h, &[(1, false), (3, true)]),
+            "reads after reads, new writes"
+        );
+        assert!(waits(&mut h, &[(2, false), (4, true)]), "read after write");
+        assert!(waits(&mut h, &[(5, false), (4, true)]), "write after write");
+        assert!(waits(&mut h, &[(6, false), (5, true)]), "write after read");
+        assert!(
+            !waits(&mut h, &[(6, false), (7, true)]),
+            "nothing shared with what was written"
+        );
+        assert!(
+            waits(&mut h, &[(7, false), (7, true)]),
+            "reads and writes what was written"
+        );
     }
 }

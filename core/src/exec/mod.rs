@@ -8,9 +8,12 @@
 //! - [`split`]: ops over tensors larger than one kernel binding, run as parts that fit,
 //!   against the small [`PartLauncher`] trait (used by backends that bind windows of
 //!   buffers: wgpu, and Vulkan through the same kernels crate).
+//! - [`DiskCache`]: compiled kernels kept on disk between runs.
 
 mod cache;
+mod disk;
 pub mod split;
 
 pub use cache::KernelCache;
+pub use disk::DiskCache;
 pub use split::{binding_window, Part, PartLauncher};

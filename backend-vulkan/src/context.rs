@@ -16,7 +16,8 @@ use crate::instance::{
 };
 use crate::memory::{lock, vk_err, vulkan_buffer, Block, Shared, SharedPool, VulkanBuffer};
 use crate::pipelines::Pipelines;
-use crate::record::{Queue, Recorder};
+use crate::profile::Profiler;
+use crate::record::{wait_for, Queue, Recorder};
 
 /// Push-constant bytes kernels use at most: the largest parameter block, 64 words. Devices
 /// with fewer (Vulkan guarantees 128) pass larger blocks through the parameter buffer.
@@ -35,6 +36,8 @@ pub(crate) struct Context {
     pub(crate) pool: SharedPool,
     pub(crate) next_id: AtomicU64,
     pub(crate) syncs: AtomicU64,
+    /// Nanoseconds per timestamp tick and the queue's valid timestamp bits (0: none).
+    timestamps: (f32, u32),
     /// Declared last: dropped after everything above that uses the device.
     pub(crate) shared: Arc<Shared>,
 }
@@ -139,6 +142,7 @@ impl Context {
             pool: Arc::new(Mutex::new(Pool::default())),
             next_id: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            timestamps: (props.limits.timestamp_period, physical.timestamp_bits),
             shared,
         })
     }
@@ -220,17 +224,27 @@ impl Context {
 
     /// Waits until batch `value` has finished, then frees what it kept alive.
     pub(crate) fn wait(&self, value: u64) -> Result<()> {
-        let semaphores = [self.timeline];
-        let values = [value];
-        let info = vk::SemaphoreWaitInfo::default()
-            .semaphores(&semaphores)
-            .values(&values);
-        // SAFETY: the semaphore belongs to this device; the info lives through the call.
-        unsafe { self.shared.device.wait_semaphores(&info, u64::MAX) }
-            .map_err(|e| vk_err("vkWaitSemaphores", e))?;
+        wait_for(&self.shared, self.timeline, value)?;
         let done = self.completed()?;
         self.recorder().reclaim(&self.shared, done);
         self.shared.collect(done);
+        Ok(())
+    }
+
+    /// Starts (clearing the times so far) or stops timing every dispatch.
+    pub(crate) fn set_profiling(&self, on: bool) -> Result<()> {
+        // Under the recorder's lock, so that no batch recorded meanwhile uses the old queries.
+        let mut recorder = self.recorder();
+        let value = recorder.submit(&self.queue())?;
+        wait_for(&self.shared, self.timeline, value)?;
+        if let Some(old) = recorder.profiler.take() {
+            old.destroy(&self.shared.device);
+        }
+        if on {
+            let (period, bits) = self.timestamps;
+            recorder.profiler = Some(Profiler::new(&self.shared.device, period, bits)?);
+            recorder.profile.clear();
+        }
         Ok(())
     }
 

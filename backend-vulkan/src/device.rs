@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use tessera_core::exec::KernelCache;
 use tessera_core::{
-    check_byte_range, Buffer, DType, Device, DeviceInfo, Kernel, MemoryStats, Op, Result,
+    check_byte_range, Buffer, DType, Device, DeviceInfo, Kernel, KernelTime, MemoryStats, Op,
+    PendingBytes, ReadyBytes, Result,
 };
 use tessera_wgsl::WgslKernel;
 
@@ -62,7 +63,23 @@ impl Device for VulkanDevice {
         if out.is_empty() {
             return self.synchronize();
         }
-        self.ctx.read_into(buffer, offset, out)
+        self.ctx
+            .start_read(buffer, offset, out.len())?
+            .wait_into(out)
+    }
+
+    fn read_later(
+        &self,
+        buffer: &Arc<dyn Buffer>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Box<dyn PendingBytes>> {
+        check_byte_range("read_later", buffer, offset, len)?;
+        if len == 0 {
+            self.synchronize()?;
+            return Ok(Box::new(ReadyBytes(Vec::new())));
+        }
+        Ok(Box::new(self.ctx.start_read(buffer, offset, len)?))
     }
 
     fn kernel(&self, op: &Op, input_dtypes: &[DType]) -> Result<Arc<dyn Kernel>> {
@@ -99,5 +116,13 @@ impl Device for VulkanDevice {
 
     fn host_syncs(&self) -> u64 {
         self.ctx.syncs.load(Ordering::Relaxed)
+    }
+
+    fn set_profiling(&self, on: bool) -> Result<()> {
+        self.ctx.set_profiling(on)
+    }
+
+    fn profile(&self) -> Vec<KernelTime> {
+        self.ctx.recorder().profile.report()
     }
 }

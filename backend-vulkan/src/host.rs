@@ -1,6 +1,7 @@
 //! Copies between the host and device buffers, in order with the recorded work: a write goes
 //! through a host-visible staging buffer copied by the batch being recorded; a read copies
-//! into one, submits, and waits for that batch. Staging buffers are reused once their batch
+//! into one and submits, and waits for that batch at once (`read`) or when its bytes are
+//! asked for (`read_later`: decoding records step `t + 1` while token `t` is copied). Staging buffers are reused once their batch
 //! has finished ([`StagingPool`]).
 
 use std::sync::atomic::Ordering;
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use ash::vk;
 use gpu_allocator::vulkan::Allocation;
 use gpu_allocator::MemoryLocation;
-use tessera_core::{Buffer, Error, Result};
+use tessera_core::{Buffer, Error, PendingBytes, Result};
 
 use crate::context::Context;
 use crate::memory::{lock, vulkan_buffer, Shared};
@@ -112,21 +113,21 @@ impl Context {
             .copy(&self.queue(), staging.buffer, dst, region, Some(staging))
     }
 
-    /// Copies `out.len()` bytes of `buffer` at `offset` to the host, after the work recorded
-    /// so far.
-    pub(crate) fn read_into(
-        &self,
+    /// Starts copying `len` bytes of `buffer` at `offset` to the host, after the work recorded
+    /// so far, and submits it; [`PendingRead::wait`] waits for that batch alone.
+    pub(crate) fn start_read(
+        self: &Arc<Self>,
         buffer: &Arc<dyn Buffer>,
         offset: usize,
-        out: &mut [u8],
-    ) -> Result<()> {
+        len: usize,
+    ) -> Result<PendingRead> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let src = vulkan_buffer(buffer)?.handle();
-        let staging = self.staging(out.len(), MemoryLocation::GpuToCpu)?;
+        let staging = self.staging(len, MemoryLocation::GpuToCpu)?;
         let region = vk::BufferCopy {
             src_offset: offset as u64,
             dst_offset: 0,
-            size: out.len() as u64,
+            size: len as u64,
         };
         let recorded = {
             let mut recorder = self.recorder();
@@ -135,18 +136,72 @@ impl Context {
                 .copy(&queue, src, staging.buffer, region, None)
                 .and_then(|_| recorder.submit(&queue))
         };
-        // The reader keeps its staging buffer: it goes back here, after the batch has finished,
-        // never by another thread reclaiming the batch. After a failed wait it is freed.
-        let read = recorded.and_then(|value| self.wait(value));
-        match read {
+        match recorded {
+            Ok(batch) => Ok(PendingRead {
+                ctx: self.clone(),
+                staging: Some(staging),
+                batch,
+                len,
+            }),
+            Err(e) => {
+                // Nothing submitted copies into it: a failed record or submission left the
+                // copy unsubmitted.
+                self.shared.free_now(staging.buffer, staging.allocation);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A copy to the host on its way: the reader keeps its staging buffer until the copy's batch
+/// has finished (never freed by another thread reclaiming the batch), then gives it back.
+pub(crate) struct PendingRead {
+    ctx: Arc<Context>,
+    staging: Option<Staging>,
+    batch: u64,
+    len: usize,
+}
+
+impl PendingRead {
+    /// Waits for the copy's batch and copies the bytes into `out` (`len` of them).
+    pub(crate) fn wait_into(mut self, out: &mut [u8]) -> Result<()> {
+        let waited = self.ctx.wait(self.batch);
+        let Some(staging) = self.staging.take() else {
+            return waited;
+        };
+        match waited {
             Ok(()) => {
                 if let Some(bytes) = staging.allocation.mapped_slice() {
-                    out.copy_from_slice(&bytes[..out.len()]);
+                    out.copy_from_slice(&bytes[..self.len]);
                 }
-                self.shared.staging.give_back(&self.shared, staging);
+                self.ctx.shared.staging.give_back(&self.ctx.shared, staging);
+                Ok(())
             }
-            Err(_) => self.shared.free_now(staging.buffer, staging.allocation),
+            Err(e) => {
+                self.ctx.shared.free_now(staging.buffer, staging.allocation);
+                Err(e)
+            }
         }
-        read
+    }
+}
+
+impl PendingBytes for PendingRead {
+    fn wait(self: Box<Self>) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.len];
+        self.wait_into(&mut out)?;
+        Ok(out)
+    }
+}
+
+impl Drop for PendingRead {
+    /// A read dropped unwaited leaves its staging buffer to the batch's end.
+    fn drop(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            if self.ctx.wait(self.batch).is_ok() {
+                self.ctx.shared.staging.give_back(&self.ctx.shared, staging);
+            } else {
+                self.ctx.shared.free_now(staging.buffer, staging.allocation);
+            }
+        }
     }
 }

@@ -29,6 +29,8 @@ pub(crate) struct Physical {
     pub(crate) name: String,
     /// A queue family with compute.
     pub(crate) queue_family: u32,
+    /// Valid bits of the queue family's timestamps (0: none).
+    pub(crate) timestamp_bits: u32,
     pub(crate) cpu: bool,
     /// `VK_KHR_zero_initialize_workgroup_memory`: the driver zeroes workgroup memory itself,
     /// so kernels need not carry naga's zeroing code (with it, lavapipe recompiled the matmul
@@ -125,6 +127,7 @@ fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> 
         handle: pd,
         name,
         queue_family: queue_family as u32,
+        timestamp_bits: families[queue_family].timestamp_valid_bits,
         cpu: props.device_type == vk::PhysicalDeviceType::CPU,
         zero_initializes_workgroup_memory,
     })

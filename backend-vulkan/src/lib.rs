@@ -18,14 +18,15 @@
 //! in every kernel kept lavapipe recompiling the matmul kernels on each run, which made the
 //! conformance suite take over an hour there; it takes about 7 minutes now).
 //!
+//! Reads started early (`read_later`) let decoding record step `t + 1` while token `t` is
+//! copied (`host.rs`); `Device::set_profiling` times each dispatch with timestamp queries
+//! (`profile.rs`).
+//!
 //! Measured on an H100 (`benches/README.md`): every op conformant in f32, f16 and bf16;
-//! GPT-2 124M training as fast as wgpu's (the same kernels); decoding about 0.55x wgpu's
-//! tokens/s, not yet profiled: it needs timestamp queries here (`Device::set_profiling`).
-//! The host time per dispatch (push descriptors, barriers, the recorder's lock) and the GPU
-//! time of the per-dispatch barriers are the suspects.
+//! GPT-2 124M training as fast as wgpu's (the same kernels), decoding a little faster.
 //!
 //! Not yet here (the backend's issue lists them): cooperative matrices (tensor cores),
-//! timestamp profiling, asynchronous reads, replaying recorded steps, subgroup size control.
+//! replaying recorded steps, subgroup size control.
 
 mod context;
 mod device;
@@ -35,6 +36,7 @@ mod instance;
 mod memory;
 mod params;
 mod pipelines;
+mod profile;
 mod record;
 
 use std::sync::Arc;

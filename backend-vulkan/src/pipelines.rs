@@ -26,6 +26,8 @@ use crate::memory::{lock, vk_err, Shared};
 /// (after its queue has finished), or are dropped unused when two threads compiled one kernel
 /// at once.
 pub(crate) struct Pipeline {
+    /// The kernel's cache key: its name in profiles.
+    pub(crate) name: String,
     pub(crate) pipeline: vk::Pipeline,
     pub(crate) layout: vk::PipelineLayout,
     /// Whether the kernel may write each data binding (`read_write` in its WGSL), in binding
@@ -214,6 +216,7 @@ impl Pipelines {
             .ok_or_else(|| vk_err("vkCreateComputePipelines", vk::Result::ERROR_UNKNOWN))?;
         self.driver_cache.grew();
         Ok(Pipeline {
+            name: key.to_string(),
             pipeline,
             layout,
             writes,

@@ -11,12 +11,13 @@
 use std::collections::VecDeque;
 
 use ash::vk;
-use tessera_core::Result;
+use tessera_core::{KernelTotals, Result};
 
 use crate::host::Staging;
 use crate::memory::{vk_err, Shared};
 use crate::params::{ParamBuffer, ParamBuffers};
 use crate::pipelines::Pipeline;
+use crate::profile::Profiler;
 
 /// What recording and submitting use of the device.
 pub(crate) struct Queue<'a> {
@@ -39,6 +40,18 @@ struct Submitted {
     value: u64,
     staging: Vec<Staging>,
     params: Vec<ParamBuffer>,
+}
+
+/// Waits until the queue has signalled `value` on `timeline`.
+pub(crate) fn wait_for(shared: &Shared, timeline: vk::Semaphore, value: u64) -> Result<()> {
+    let semaphores = [timeline];
+    let values = [value];
+    let info = vk::SemaphoreWaitInfo::default()
+        .semaphores(&semaphores)
+        .values(&values);
+    // SAFETY: the semaphore belongs to this device; the info lives through the call.
+    unsafe { shared.device.wait_semaphores(&info, u64::MAX) }
+        .map_err(|e| vk_err("vkWaitSemaphores", e))
 }
 
 /// Buffers read and written since the last barrier.
@@ -83,6 +96,10 @@ pub(crate) struct Recorder {
     free: Vec<vk::CommandBuffer>,
     params: ParamBuffers,
     hazards: Hazards,
+    /// Timestamps around every dispatch, while profiling.
+    pub(crate) profiler: Option<Profiler>,
+    /// Launches and device time per kernel since profiling started.
+    pub(crate) profile: KernelTotals,
     /// Number of the last batch submitted (0: none yet).
     submitted: u64,
 }
@@ -104,6 +121,8 @@ impl Recorder {
             free: Vec::new(),
             params: ParamBuffers::default(),
             hazards: Hazards::default(),
+            profiler: None,
+            profile: KernelTotals::default(),
             submitted: 0,
         })
     }
@@ -131,18 +150,22 @@ impl Recorder {
         // SAFETY: `cb` is in the initial state (new, or reset when its batch finished).
         unsafe { shared.device.begin_command_buffer(cb, &begin) }
             .map_err(|e| vk_err("vkBeginCommandBuffer", e))?;
+        if let Some(profiler) = &mut self.profiler {
+            profiler.begin(&shared.device, cb);
+        }
         self.current = Some(cb);
         Ok(cb)
     }
 
-    /// Records a barrier before a command with `accesses` where it needs one.
+    /// Records a barrier before a command with `accesses` where it needs one, and always
+    /// while profiling (each dispatch timed alone).
     fn barrier_for(
         &mut self,
         shared: &Shared,
         cb: vk::CommandBuffer,
         accesses: impl Iterator<Item = (vk::Buffer, bool)> + Clone,
     ) {
-        if !self.hazards.access(accesses) {
+        if !self.hazards.access(accesses) && self.profiler.is_none() {
             return;
         }
         let work = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
@@ -205,6 +228,9 @@ impl Recorder {
             })
             .collect();
         let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        if let Some(profiler) = &mut self.profiler {
+            profiler.stamp(&shared.device, cb, &pipeline.name, false);
+        }
         // SAFETY: `cb` is recording; the pipeline, its layout, the parameter set and every
         // buffer belong to this device and stay alive until the batch has finished (buffers
         // are retired, not freed, while the queue may use them; parameter buffers stay with
@@ -240,6 +266,9 @@ impl Recorder {
                 );
             }
             device.cmd_dispatch(cb, grid[0], grid[1], grid[2]);
+        }
+        if let Some(profiler) = &mut self.profiler {
+            profiler.stamp(&shared.device, cb, &pipeline.name, true);
         }
         self.recorded(ctx)
     }
@@ -325,6 +354,11 @@ impl Recorder {
         shared
             .recording
             .store(value + 1, std::sync::atomic::Ordering::Release);
+        if let Some(profiler) = &mut self.profiler {
+            // The batch's timestamps are read before the next batch resets them.
+            wait_for(shared, ctx.timeline, value)?;
+            profiler.collect(&shared.device, &mut self.profile);
+        }
         Ok(value)
     }
 
@@ -360,6 +394,9 @@ impl Recorder {
             shared.free_now(s.buffer, s.allocation);
         }
         self.params.destroy(shared);
+        if let Some(profiler) = self.profiler.take() {
+            profiler.destroy(&shared.device);
+        }
         // SAFETY: the caller guarantees the queue is idle; freeing the pool frees its buffers.
         unsafe { shared.device.destroy_command_pool(self.pool, None) };
     }

@@ -11,7 +11,6 @@ use tessera_wgsl::{Caps, WG};
 
 use crate::batch::{Core, State, MAX_IMMEDIATE_WORDS, MIN_IMMEDIATE_WORDS};
 use crate::pipelines::Pipelines;
-use crate::profile::Totals;
 use crate::sync::lock;
 
 /// Serializes creating Vulkan instances and devices. It guards no data: NVIDIA's driver
@@ -223,7 +222,7 @@ impl Core {
                 staging: Vec::new(),
                 submitted: None,
                 profiler: None,
-                profile: Totals::new(),
+                profile: Default::default(),
             }),
             next_id: AtomicU64::new(1),
             syncs: AtomicU64::new(0),

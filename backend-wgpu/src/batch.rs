@@ -16,8 +16,9 @@ use tessera_wgsl::{Caps, Dispatch, Gpu};
 
 use crate::buffer::{wgpu_buffer, SharedPool, WgpuBuffer};
 use crate::pipelines::{Pipeline, Pipelines};
-use crate::profile::{Profiler, Totals};
+use crate::profile::Profiler;
 use crate::sync::{backend_err, lock};
+use tessera_core::KernelTotals;
 
 /// Bytes one launch's parameter block may take: the size of the dynamic-offset binding.
 pub(crate) const PARAM_BLOCK: u64 = 1024;
@@ -80,7 +81,7 @@ pub(crate) struct State {
     pub(crate) submitted: Option<wgpu::SubmissionIndex>,
     pub(crate) profiler: Option<Profiler>,
     /// Launches and seconds per kernel since profiling started.
-    pub(crate) profile: Totals,
+    pub(crate) profile: KernelTotals,
 }
 
 /// Everything a device owns; kernels hold a weak handle to it.

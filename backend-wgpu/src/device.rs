@@ -15,7 +15,7 @@ use tessera_wgsl::WgslKernel;
 use crate::adapter::{adapters, WgpuOptions};
 use crate::batch::{Core, MAX_BATCH};
 use crate::buffer::wgpu_buffer;
-use crate::profile::{report, Profiler};
+use crate::profile::Profiler;
 use crate::sync::lock;
 
 /// One wgpu adapter opened as a device. Cheap to share: all state lives behind one `Arc`.
@@ -167,7 +167,7 @@ impl Device for WgpuDevice {
     }
 
     fn profile(&self) -> Vec<KernelTime> {
-        report(&self.core.state().profile)
+        self.core.state().profile.report()
     }
 }
 

@@ -2,13 +2,9 @@
 //! end; at submission they are resolved, read back after the queue drains and summed per
 //! kernel (`Device::profile`, `tessera bench --profile`).
 
-use std::collections::HashMap;
 use std::sync::mpsc;
 
-use tessera_core::KernelTime;
-
-/// Launches and seconds per kernel name.
-pub(crate) type Totals = HashMap<String, (u64, f64)>;
+use tessera_core::KernelTotals;
 
 /// The query set and buffers of one device's timestamps, and the kernels of the batch being
 /// recorded.
@@ -80,7 +76,7 @@ impl Profiler {
         &mut self,
         device: &wgpu::Device,
         queue: &wgpu::Queue,
-        totals: &mut Totals,
+        totals: &mut KernelTotals,
     ) {
         let timed = self.timed();
         if timed == 0 {
@@ -102,26 +98,10 @@ impl Profiler {
                     .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                     .collect();
                 for (name, pair) in recorded.into_iter().zip(ticks.chunks_exact(2)) {
-                    let entry = totals.entry(name).or_insert((0, 0.0));
-                    entry.0 += 1;
-                    entry.1 += pair[1].saturating_sub(pair[0]) as f64 * period;
+                    totals.add(&name, pair[1].saturating_sub(pair[0]) as f64 * period);
                 }
             }
             self.readback.unmap();
         }
     }
-}
-
-/// `totals` as kernel times, the longest first.
-pub(crate) fn report(totals: &Totals) -> Vec<KernelTime> {
-    let mut times: Vec<KernelTime> = totals
-        .iter()
-        .map(|(name, &(launches, seconds))| KernelTime {
-            name: name.clone(),
-            launches,
-            seconds,
-        })
-        .collect();
-    times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    times
 }

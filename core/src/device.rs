@@ -1,6 +1,7 @@
 //! The three traits a backend implements: [`Device`], [`Buffer`] and [`Kernel`].
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -240,6 +241,41 @@ pub struct KernelTime {
     pub name: String,
     pub launches: u64,
     pub seconds: f64,
+}
+
+/// Launches and device seconds per kernel, gathered by a backend while profiling.
+#[derive(Clone, Debug, Default)]
+pub struct KernelTotals(HashMap<String, (u64, f64)>);
+
+impl KernelTotals {
+    /// Counts one launch of kernel `name` that took `seconds`.
+    pub fn add(&mut self, name: &str, seconds: f64) {
+        let entry = match self.0.get_mut(name) {
+            Some(entry) => entry,
+            None => self.0.entry(name.to_string()).or_insert((0, 0.0)),
+        };
+        entry.0 += 1;
+        entry.1 += seconds;
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// The totals as kernel times, the longest first (what [`Device::profile`] returns).
+    pub fn report(&self) -> Vec<KernelTime> {
+        let mut times: Vec<KernelTime> = self
+            .0
+            .iter()
+            .map(|(name, &(launches, seconds))| KernelTime {
+                name: name.clone(),
+                launches,
+                seconds,
+            })
+            .collect();
+        times.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        times
+    }
 }
 
 /// Checks that `len` bytes at `offset` lie inside `buffer`, for a host copy `op`.

@@ -27,7 +27,7 @@ pub mod train;
 
 pub use device::{
     check_byte_range, same_device, Buffer, Device, DeviceInfo, Features, Kernel, KernelTime,
-    Limits, MemoryStats, PendingBytes, ReadyBytes, TensorRef,
+    KernelTotals, Limits, MemoryStats, PendingBytes, ReadyBytes, TensorRef,
 };
 pub use dtype::{decode_f64, encode_f64, DType, Element};
 pub use error::{dtypes_str, Error, Result};

@@ -11,13 +11,13 @@ use tessera_core::{Buffer, DType, DeviceInfo, Error, Features, Limits, Result};
 use tessera_wgsl::{Caps, Dispatch, Gpu};
 
 use crate::instance::{
-    features, instance, Physical, DEVICE_SETUP, REQUIRED_EXTENSIONS,
+    features, instance, Physical, COOPERATIVE_MATRIX, DEVICE_SETUP, REQUIRED_EXTENSIONS,
     ZERO_INITIALIZE_WORKGROUP_MEMORY,
 };
 use crate::memory::{lock, vk_err, vulkan_buffer, Block, Shared, SharedPool, VulkanBuffer};
 use crate::pipelines::Pipelines;
 use crate::profile::Profiler;
-use crate::record::{wait_for, Queue, Recorder};
+use crate::record::{wait_for, Queue, Recorder, MAX_BATCH};
 
 /// Push-constant bytes kernels use at most: the largest parameter block, 64 words. Devices
 /// with fewer (Vulkan guarantees 128) pass larger blocks through the parameter buffer.
@@ -68,9 +68,14 @@ impl Context {
         let f16 = offered12.shader_float16 == vk::TRUE;
         let mut v11 =
             vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true);
+        let tensor_cores = physical.tensor_cores;
         let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
             .timeline_semaphore(true)
-            .shader_float16(f16);
+            .shader_float16(f16)
+            .vulkan_memory_model(tensor_cores)
+            .vulkan_memory_model_device_scope(tensor_cores);
+        let mut coop_feature =
+            vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let zero_init = physical.zero_initializes_workgroup_memory;
         let mut zero_init_feature =
             vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default()
@@ -84,6 +89,9 @@ impl Context {
         if zero_init {
             extensions.push(ZERO_INITIALIZE_WORKGROUP_MEMORY.as_ptr());
         }
+        if tensor_cores {
+            extensions.push(COOPERATIVE_MATRIX.as_ptr());
+        }
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
@@ -91,6 +99,11 @@ impl Context {
             .push_next(&mut v12);
         let create = if zero_init {
             create.push_next(&mut zero_init_feature)
+        } else {
+            create
+        };
+        let create = if tensor_cores {
+            create.push_next(&mut coop_feature)
         } else {
             create
         };
@@ -242,7 +255,7 @@ impl Context {
         }
         if on {
             let (period, bits) = self.timestamps;
-            recorder.profiler = Some(Profiler::new(&self.shared.device, period, bits)?);
+            recorder.profiler = Some(Profiler::new(&self.shared.device, MAX_BATCH, period, bits)?);
             recorder.profile.clear();
         }
         Ok(())
@@ -305,6 +318,8 @@ fn describe(
         .supported_stages
         .contains(vk::ShaderStageFlags::COMPUTE)
         && subgroup.supported_operations.contains(wanted);
+    // The `coop` kernel also reads its tiles with subgroup operations.
+    let tensor_cores = physical.tensor_cores && f16 && subgroups;
     let align = limits.min_storage_buffer_offset_alignment.max(4);
     let max_binding = u64::from(limits.max_storage_buffer_range);
     let max_binding = max_binding - max_binding % align;
@@ -342,14 +357,14 @@ fn describe(
             f16,
             bf16: true,
             subgroups,
-            cooperative_matrix: false,
+            cooperative_matrix: tensor_cores,
         },
         limits: limits.clone(),
     };
     let caps = Caps {
         limits,
         workgroup_memory: properties.limits.max_compute_shared_memory_size as usize,
-        coop_f16: false,
+        coop_f16: tensor_cores,
         cpu: physical.cpu,
         immediate_words: push_constant_bytes as usize / 4,
         subgroups,

@@ -1,97 +1,20 @@
 //! Copies between the host and device buffers, in order with the recorded work: a write goes
 //! through a host-visible staging buffer copied by the batch being recorded; a read copies
 //! into one and submits, and waits for that batch at once (`read`) or when its bytes are
-//! asked for (`read_later`: decoding records step `t + 1` while token `t` is copied). Staging buffers are reused once their batch
-//! has finished ([`StagingPool`]).
+//! asked for (`read_later`: decoding records step `t + 1` while token `t` is copied).
+//! Staging buffers come from the device's pool of them (`memory.rs`).
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ash::vk;
-use gpu_allocator::vulkan::Allocation;
 use gpu_allocator::MemoryLocation;
-use tessera_core::{Buffer, Error, PendingBytes, Result};
+use tessera_core::{Buffer, PendingBytes, Result};
 
 use crate::context::Context;
-use crate::memory::{lock, vulkan_buffer, Shared};
-
-/// A host-visible buffer a batch copies through.
-pub(crate) struct Staging {
-    pub(crate) buffer: vk::Buffer,
-    pub(crate) allocation: Allocation,
-    location: MemoryLocation,
-    capacity: u64,
-}
-
-/// Staging buffers whose batches have finished, kept for the next copies: a buffer made per
-/// copy cost each decoding step a buffer and at times fresh driver memory for its token and
-/// its read-back. Keeps at most [`KEPT_STAGING_BYTES`]; larger ones go back to the driver.
-#[derive(Default)]
-pub(crate) struct StagingPool {
-    free: Mutex<Vec<Staging>>,
-}
-
-/// The most staging memory kept for reuse.
-const KEPT_STAGING_BYTES: u64 = 64 << 20;
-/// The smallest staging buffer made: small copies share a size.
-const MIN_STAGING_BYTES: u64 = 64 << 10;
-
-impl StagingPool {
-    /// The smallest kept buffer in `location` that holds `bytes`.
-    fn take(&self, bytes: u64, location: MemoryLocation) -> Option<Staging> {
-        let mut free = lock(&self.free);
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.location == location && s.capacity >= bytes)
-            .min_by_key(|(_, s)| s.capacity)
-            .map(|(i, _)| i)?;
-        Some(free.swap_remove(best))
-    }
-
-    /// Keeps `staging` for reuse, or frees it where the pool is full. No pending work may use
-    /// it.
-    pub(crate) fn give_back(&self, shared: &Shared, staging: Staging) {
-        let mut free = lock(&self.free);
-        let kept: u64 = free.iter().map(|s| s.capacity).sum();
-        if kept + staging.capacity <= KEPT_STAGING_BYTES {
-            free.push(staging);
-        } else {
-            drop(free);
-            shared.free_now(staging.buffer, staging.allocation);
-        }
-    }
-
-    /// Everything kept, to be freed.
-    pub(crate) fn drain(&self) -> Vec<Staging> {
-        std::mem::take(&mut *lock(&self.free))
-    }
-}
+use crate::memory::{vulkan_buffer, Staging};
 
 impl Context {
-    fn staging(&self, bytes: usize, location: MemoryLocation) -> Result<Staging> {
-        let bytes = bytes as u64;
-        if let Some(kept) = self.shared.staging.take(bytes, location) {
-            return Ok(kept);
-        }
-        let capacity = bytes.max(MIN_STAGING_BYTES).next_power_of_two();
-        let usage = vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST;
-        let (buffer, allocation) = self.shared.create_buffer(capacity, usage, location)?;
-        if allocation.mapped_ptr().is_none() {
-            self.shared.free_now(buffer, allocation);
-            return Err(Error::Backend {
-                backend: "vulkan".into(),
-                detail: "a staging buffer is not mapped to the host".into(),
-            });
-        }
-        Ok(Staging {
-            buffer,
-            allocation,
-            location,
-            capacity,
-        })
-    }
-
     /// Queues a copy of `data` into `buffer` at `offset`, after the work recorded so far.
     pub(crate) fn write_bytes(
         &self,
@@ -100,7 +23,9 @@ impl Context {
         data: &[u8],
     ) -> Result<()> {
         let dst = vulkan_buffer(buffer)?.handle();
-        let mut staging = self.staging(data.len(), MemoryLocation::CpuToGpu)?;
+        let mut staging = self
+            .shared
+            .staging(data.len() as u64, MemoryLocation::CpuToGpu)?;
         if let Some(mapped) = staging.allocation.mapped_slice_mut() {
             mapped[..data.len()].copy_from_slice(data);
         }
@@ -123,7 +48,7 @@ impl Context {
     ) -> Result<PendingRead> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         let src = vulkan_buffer(buffer)?.handle();
-        let staging = self.staging(len, MemoryLocation::GpuToCpu)?;
+        let staging = self.shared.staging(len as u64, MemoryLocation::GpuToCpu)?;
         let region = vk::BufferCopy {
             src_offset: offset as u64,
             dst_offset: 0,

@@ -37,6 +37,8 @@ pub(crate) struct Physical {
     /// kernels on every run despite its shader cache, as wgpu, which also uses the driver's
     /// zeroing, does not).
     pub(crate) zero_initializes_workgroup_memory: bool,
+    /// Tensor cores the shared `coop` matmul kernel can use ([`tensor_cores`]).
+    pub(crate) tensor_cores: bool,
 }
 
 /// Vulkan 1.2: timeline semaphores, 16-bit storage and `shaderFloat16` are core there.
@@ -78,7 +80,7 @@ fn create() -> Result<Instance, String> {
         .map_err(|e| format!("vkEnumeratePhysicalDevices: {e}"))?;
     let devices = handles
         .into_iter()
-        .filter_map(|pd| usable(&instance, pd))
+        .filter_map(|pd| usable(&entry, &instance, pd))
         .collect();
     Ok(Instance {
         _entry: entry,
@@ -92,7 +94,11 @@ pub(crate) const REQUIRED_EXTENSIONS: [&CStr; 1] = [ash::khr::push_descriptor::N
 
 /// `pd` with what opening it needs, if it can run the kernels: Vulkan 1.2, a compute queue,
 /// push descriptors, timeline semaphores and 16-bit storage.
-fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> {
+fn usable(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
+) -> Option<Physical> {
     // SAFETY: `pd` came from this instance.
     let props = unsafe { instance.get_physical_device_properties(pd) };
     if props.api_version < API_VERSION {
@@ -116,6 +122,11 @@ fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> 
     let (v11, v12) = features(instance, pd);
     let zero_initializes_workgroup_memory =
         has(ZERO_INITIALIZE_WORKGROUP_MEMORY) && zero_initialize_feature(instance, pd);
+    let tensor_cores = has(COOPERATIVE_MATRIX)
+        && v12.vulkan_memory_model == vk::TRUE
+        && v12.vulkan_memory_model_device_scope == vk::TRUE
+        && v12.shader_float16 == vk::TRUE
+        && tensor_cores(entry, instance, pd);
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -130,7 +141,44 @@ fn usable(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Option<Physical> 
         timestamp_bits: families[queue_family].timestamp_valid_bits,
         cpu: props.device_type == vk::PhysicalDeviceType::CPU,
         zero_initializes_workgroup_memory,
+        tensor_cores,
     })
+}
+
+/// The cooperative-matrix extension (tensor cores).
+pub(crate) const COOPERATIVE_MATRIX: &CStr = ash::khr::cooperative_matrix::NAME;
+
+/// Whether `pd` multiplies 16x16x16 f16 cooperative matrices into f32 in subgroups of exactly
+/// 32 invocations: the shape the shared `coop` matmul kernel is written for (NVIDIA's tensor
+/// cores), as the wgpu backend checks it.
+fn tensor_cores(entry: &ash::Entry, instance: &ash::Instance, pd: vk::PhysicalDevice) -> bool {
+    let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
+    let mut size_control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
+    {
+        let mut props = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut subgroup)
+            .push_next(&mut size_control);
+        // SAFETY: `pd` came from this instance; the chain lives through the call (a driver
+        // that lacks subgroup size control leaves that struct's zeros).
+        unsafe { instance.get_physical_device_properties2(pd, &mut props) };
+    }
+    let only_32 = subgroup.subgroup_size == 32
+        && [32, 0].contains(&size_control.min_subgroup_size)
+        && [32, 0].contains(&size_control.max_subgroup_size);
+    let coop = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: the extension is present on `pd` (checked by the caller), which came from this
+    // instance.
+    let shapes =
+        unsafe { coop.get_physical_device_cooperative_matrix_properties(pd) }.unwrap_or_default();
+    only_32
+        && shapes.iter().any(|c| {
+            (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                && c.a_type == vk::ComponentTypeKHR::FLOAT16
+                && c.b_type == vk::ComponentTypeKHR::FLOAT16
+                && c.c_type == vk::ComponentTypeKHR::FLOAT32
+                && c.result_type == vk::ComponentTypeKHR::FLOAT32
+                && c.scope == vk::ScopeKHR::SUBGROUP
+        })
 }
 
 /// The extension that lets the driver zero workgroup memory (core in Vulkan 1.3, still listed).

@@ -1,10 +1,14 @@
 //! Device memory: `VkBuffer`s over gpu-allocator, handed out through core's caching pool.
 //!
 //! Reuse is stream-ordered: every command runs on the device's one queue in recording order,
-//! with a barrier after each, so a freed block may serve the next allocation at once. A block
+//! and a command that writes a buffer an earlier one read or wrote waits for it (`record.rs`),
+//! so a freed block may serve the next allocation at once. A block
 //! the pool lets go (trimming, a cap, `empty_cache`) may still be in use by submitted work,
 //! so its memory is returned only once the queue has passed the batch that was being
 //! recorded when it was let go ([`Shared::retire`]).
+//!
+//! Host copies go through mapped staging buffers, kept for reuse once their batch has
+//! finished ([`StagingPool`]).
 
 use std::any::Any;
 use std::fmt;
@@ -18,7 +22,6 @@ use gpu_allocator::MemoryLocation;
 use tessera_core::memory::Pool;
 use tessera_core::{Buffer, Error, Result};
 
-use crate::host::StagingPool;
 use crate::instance::DEVICE_SETUP;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -116,6 +119,29 @@ impl Shared {
         let _ = lock(&self.allocator).free(allocation);
     }
 
+    /// A mapped staging buffer in `location` holding at least `bytes`: a kept one, else new.
+    pub(crate) fn staging(&self, bytes: u64, location: MemoryLocation) -> Result<Staging> {
+        if let Some(kept) = self.staging.take(bytes, location) {
+            return Ok(kept);
+        }
+        let capacity = bytes.max(MIN_STAGING_BYTES).next_power_of_two();
+        let usage = vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST;
+        let (buffer, allocation) = self.create_buffer(capacity, usage, location)?;
+        if allocation.mapped_ptr().is_none() {
+            self.free_now(buffer, allocation);
+            return Err(Error::Backend {
+                backend: "vulkan".into(),
+                detail: "a staging buffer is not mapped to the host".into(),
+            });
+        }
+        Ok(Staging {
+            buffer,
+            allocation,
+            location,
+            capacity,
+        })
+    }
+
     /// Frees `buffer` once the batch being recorded now has finished.
     fn retire(&self, buffer: vk::Buffer, allocation: Allocation) {
         let after = self.recording.load(Ordering::Acquire);
@@ -135,6 +161,59 @@ impl Shared {
         for (_, buffer, allocation) in done {
             self.free_now(buffer, allocation);
         }
+    }
+}
+
+/// A host-visible buffer a batch copies through.
+pub(crate) struct Staging {
+    pub(crate) buffer: vk::Buffer,
+    pub(crate) allocation: Allocation,
+    location: MemoryLocation,
+    capacity: u64,
+}
+
+/// Staging buffers whose batches have finished, kept for the next copies: a buffer made per
+/// copy cost each decoding step a buffer and at times fresh driver memory for its token and
+/// its read-back. Keeps at most [`KEPT_STAGING_BYTES`]; larger ones go back to the driver.
+#[derive(Default)]
+pub(crate) struct StagingPool {
+    free: Mutex<Vec<Staging>>,
+}
+
+/// The most staging memory kept for reuse.
+const KEPT_STAGING_BYTES: u64 = 64 << 20;
+/// The smallest staging buffer made: small copies share a size.
+const MIN_STAGING_BYTES: u64 = 64 << 10;
+
+impl StagingPool {
+    /// The smallest kept buffer in `location` that holds `bytes`.
+    fn take(&self, bytes: u64, location: MemoryLocation) -> Option<Staging> {
+        let mut free = lock(&self.free);
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.location == location && s.capacity >= bytes)
+            .min_by_key(|(_, s)| s.capacity)
+            .map(|(i, _)| i)?;
+        Some(free.swap_remove(best))
+    }
+
+    /// Keeps `staging` for reuse, or frees it where the pool is full. No pending work may use
+    /// it.
+    pub(crate) fn give_back(&self, shared: &Shared, staging: Staging) {
+        let mut free = lock(&self.free);
+        let kept: u64 = free.iter().map(|s| s.capacity).sum();
+        if kept + staging.capacity <= KEPT_STAGING_BYTES {
+            free.push(staging);
+        } else {
+            drop(free);
+            shared.free_now(staging.buffer, staging.allocation);
+        }
+    }
+
+    /// Everything kept, to be freed.
+    pub(crate) fn drain(&self) -> Vec<Staging> {
+        std::mem::take(&mut *lock(&self.free))
     }
 }
 

@@ -8,24 +8,28 @@ use ash::vk;
 use tessera_core::{Error, KernelTotals, Result};
 
 use crate::memory::vk_err;
-use crate::record::MAX_BATCH;
 
 /// One device's timestamp queries and the kernels of the batch being recorded.
 pub(crate) struct Profiler {
     queries: vk::QueryPool,
     /// Seconds per timestamp tick.
     tick: f64,
+    /// Two timestamps per command of a batch.
+    slots: u32,
     /// Kernels timed in the batch being recorded, in dispatch order.
     timed: Vec<String>,
 }
 
-/// Two timestamps per command of a batch.
-const SLOTS: u32 = 2 * MAX_BATCH as u32;
-
 impl Profiler {
-    /// A profiler for a device whose timestamps tick every `period_ns` nanoseconds, or
-    /// `Unsupported` where its compute queue has no timestamps (`valid_bits` 0).
-    pub(crate) fn new(device: &ash::Device, period_ns: f32, valid_bits: u32) -> Result<Profiler> {
+    /// A profiler for batches of at most `batch` commands on a device whose timestamps tick
+    /// every `period_ns` nanoseconds, or `Unsupported` where its compute queue has no
+    /// timestamps (`valid_bits` 0).
+    pub(crate) fn new(
+        device: &ash::Device,
+        batch: usize,
+        period_ns: f32,
+        valid_bits: u32,
+    ) -> Result<Profiler> {
         if valid_bits == 0 {
             return Err(Error::unsupported(
                 "vulkan",
@@ -34,13 +38,14 @@ impl Profiler {
         }
         let info = vk::QueryPoolCreateInfo::default()
             .query_type(vk::QueryType::TIMESTAMP)
-            .query_count(SLOTS);
+            .query_count(2 * batch as u32);
         // SAFETY: the device is valid; `info` lives through the call.
         let queries = unsafe { device.create_query_pool(&info, None) }
             .map_err(|e| vk_err("vkCreateQueryPool", e))?;
         Ok(Profiler {
             queries,
             tick: f64::from(period_ns) * 1e-9,
+            slots: 2 * batch as u32,
             timed: Vec::new(),
         })
     }
@@ -50,7 +55,7 @@ impl Profiler {
         self.timed.clear();
         // SAFETY: `cb` is recording; the pool belongs to this device, and the previous batch
         // using it has finished (profiling waits for each batch at submission).
-        unsafe { device.cmd_reset_query_pool(cb, self.queries, 0, SLOTS) };
+        unsafe { device.cmd_reset_query_pool(cb, self.queries, 0, self.slots) };
     }
 
     /// Writes the timestamp before (`end` false) or after a dispatch of kernel `name`.
@@ -65,8 +70,8 @@ impl Profiler {
             self.timed.push(name.to_string());
         }
         let slot = 2 * (self.timed.len() as u32 - 1) + u32::from(end);
-        // SAFETY: `cb` is recording; `slot` < SLOTS (a batch holds at most MAX_BATCH
-        // commands) and was reset at the batch's start.
+        // SAFETY: `cb` is recording; `slot` < `slots` (a batch holds at most `batch` commands)
+        // and was reset at the batch's start.
         unsafe {
             device.cmd_write_timestamp(
                 cb,

@@ -13,8 +13,7 @@ use std::collections::VecDeque;
 use ash::vk;
 use tessera_core::{KernelTotals, Result};
 
-use crate::host::Staging;
-use crate::memory::{vk_err, Shared};
+use crate::memory::{vk_err, Shared, Staging};
 use crate::params::{ParamBuffer, ParamBuffers};
 use crate::pipelines::Pipeline;
 use crate::profile::Profiler;

@@ -119,7 +119,7 @@ impl PendingBytes for PendingRead {
 }
 
 impl Drop for PendingRead {
-    /// A read dropped unwaited leaves its staging buffer to the batch's end.
+    /// A read dropped unwaited waits for its batch before giving its staging buffer back.
     fn drop(&mut self) {
         if let Some(staging) = self.staging.take() {
             if self.ctx.wait(self.batch).is_ok() {

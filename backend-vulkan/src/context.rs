@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use tessera_core::memory::Pool;
-use tessera_core::{Buffer, DType, DeviceInfo, Error, Features, Limits, Result};
-use tessera_wgsl::{Caps, Dispatch, Gpu};
+use tessera_core::{Buffer, DeviceInfo, Error, Features, Limits, Result};
+use tessera_wgsl::{device_dtypes, Caps, Dispatch, Gpu};
 
 use crate::instance::{
     features, instance, Physical, COOPERATIVE_MATRIX, DEVICE_SETUP, REQUIRED_EXTENSIONS,
@@ -342,17 +342,7 @@ fn describe(
         backend: "vulkan".into(),
         ordinal,
         name: physical.name.clone(),
-        dtypes: [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::I32,
-            DType::U32,
-            DType::Bool,
-        ]
-        .into_iter()
-        .filter(|&d| d != DType::F16 || f16)
-        .collect(),
+        dtypes: device_dtypes(f16),
         features: Features {
             f16,
             bf16: true,

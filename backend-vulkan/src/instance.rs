@@ -126,7 +126,7 @@ fn usable(
         && v12.vulkan_memory_model == vk::TRUE
         && v12.vulkan_memory_model_device_scope == vk::TRUE
         && v12.shader_float16 == vk::TRUE
-        && tensor_cores(entry, instance, pd);
+        && tensor_cores(entry, instance, pd, has(SUBGROUP_SIZE_CONTROL));
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -148,23 +148,32 @@ fn usable(
 /// The cooperative-matrix extension (tensor cores).
 pub(crate) const COOPERATIVE_MATRIX: &CStr = ash::khr::cooperative_matrix::NAME;
 
+/// The extension that lets a device's subgroup size vary (its range is read from it).
+const SUBGROUP_SIZE_CONTROL: &CStr = ash::ext::subgroup_size_control::NAME;
+
 /// Whether `pd` multiplies 16x16x16 f16 cooperative matrices into f32 in subgroups of exactly
 /// 32 invocations: the shape the shared `coop` matmul kernel is written for (NVIDIA's tensor
-/// cores), as the wgpu backend checks it.
-fn tensor_cores(entry: &ash::Entry, instance: &ash::Instance, pd: vk::PhysicalDevice) -> bool {
+/// cores), as the wgpu backend checks it. A device listing `size_control` must also keep its
+/// subgroups at 32 over the whole range it may pick from.
+fn tensor_cores(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
+    size_control: bool,
+) -> bool {
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
-    let mut size_control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
+    let mut range = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
     {
-        let mut props = vk::PhysicalDeviceProperties2::default()
-            .push_next(&mut subgroup)
-            .push_next(&mut size_control);
-        // SAFETY: `pd` came from this instance; the chain lives through the call (a driver
-        // that lacks subgroup size control leaves that struct's zeros).
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut subgroup);
+        if size_control {
+            props = props.push_next(&mut range);
+        }
+        // SAFETY: `pd` came from this instance; the chain lives through the call and holds
+        // only structures of what `pd` offers.
         unsafe { instance.get_physical_device_properties2(pd, &mut props) };
     }
     let only_32 = subgroup.subgroup_size == 32
-        && [32, 0].contains(&size_control.min_subgroup_size)
-        && [32, 0].contains(&size_control.max_subgroup_size);
+        && (!size_control || (range.min_subgroup_size == 32 && range.max_subgroup_size == 32));
     let coop = ash::khr::cooperative_matrix::Instance::new(entry, instance);
     // SAFETY: the extension is present on `pd` (checked by the caller), which came from this
     // instance.

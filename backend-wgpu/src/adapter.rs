@@ -6,8 +6,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use tessera_core::memory::Pool;
-use tessera_core::{DType, DeviceInfo, Error, Features, Limits, Result};
-use tessera_wgsl::{Caps, WG};
+use tessera_core::{DeviceInfo, Error, Features, Limits, Result};
+use tessera_wgsl::{device_dtypes, Caps, WG};
 
 use crate::batch::{Core, State, MAX_IMMEDIATE_WORDS, MIN_IMMEDIATE_WORDS};
 use crate::pipelines::Pipelines;
@@ -155,17 +155,7 @@ impl Core {
             backend: "wgpu".into(),
             ordinal,
             name: format!("{} ({:?}, {})", ainfo.name, ainfo.device_type, ainfo.driver),
-            dtypes: [
-                DType::F32,
-                DType::F16,
-                DType::BF16,
-                DType::I32,
-                DType::U32,
-                DType::Bool,
-            ]
-            .into_iter()
-            .filter(|&d| d != DType::F16 || f16)
-            .collect(),
+            dtypes: device_dtypes(f16),
             features: Features {
                 f16,
                 bf16: true,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tessera_core::exec::{binding_window, PartLauncher};
-use tessera_core::{Buffer, Error, Limits, Result, TensorRef};
+use tessera_core::{Buffer, DType, Error, Limits, Result, TensorRef};
 
 /// What a device's kernels are built for, beyond the op and its dtypes.
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +36,22 @@ pub struct Caps {
     pub immediate_words: usize,
     /// Whether workgroup reductions use subgroup operations.
     pub subgroups: bool,
+}
+
+/// The dtypes the kernels run on a device: f32, bf16 (16 bits in `u32` words), i32, u32 and
+/// bool everywhere, f16 where the device has it (`f16`).
+pub fn device_dtypes(f16: bool) -> Vec<DType> {
+    [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I32,
+        DType::U32,
+        DType::Bool,
+    ]
+    .into_iter()
+    .filter(|&d| d != DType::F16 || f16)
+    .collect()
 }
 
 /// One binding of a dispatch: a byte window of a buffer of the device.

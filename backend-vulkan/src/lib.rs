@@ -65,5 +65,5 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
 }
 
 tessera_core::inventory::submit! {
-    BackendEntry { name: "vulkan", priority: 5, probe, open }
+    BackendEntry { name: "vulkan", priority: 5, probe, open, why_absent: || None }
 }

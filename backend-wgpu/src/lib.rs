@@ -62,5 +62,5 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
 }
 
 tessera_core::inventory::submit! {
-    BackendEntry { name: "wgpu", priority: 10, probe, open }
+    BackendEntry { name: "wgpu", priority: 10, probe, open, why_absent: || None }
 }

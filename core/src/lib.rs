@@ -33,7 +33,9 @@ pub use dtype::{decode_f64, encode_f64, DType, Element};
 pub use error::{dtypes_str, Error, Result};
 pub use layout::{broadcast_shapes, contiguous_strides, merge_dims, normalize_axis, numel, Layout};
 pub use ops::{BinaryOp, CompareOp, Conv2dParams, Op, OpFamily, ReduceOp, TensorSpec, UnaryOp};
-pub use registry::{default_device, devices, open_device, BackendEntry, DeviceListing};
+pub use registry::{
+    absent_backends, default_device, devices, open_device, BackendEntry, DeviceListing,
+};
 pub use tensor::{is_grad_enabled, no_grad, NoGradGuard, PendingVec, Tensor};
 
 /// Re-exported so backend crates register with the same `inventory` as core.

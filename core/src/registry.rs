@@ -19,6 +19,9 @@ pub struct BackendEntry {
     pub probe: fn() -> Vec<String>,
     /// Opens device `ordinal`.
     pub open: fn(usize) -> Result<Arc<dyn Device>>,
+    /// Why the backend lists no devices, where it can tell (a driver library that is not
+    /// installed, say), for `tessera devices`.
+    pub why_absent: fn() -> Option<String>,
 }
 
 inventory::collect!(BackendEntry);
@@ -53,6 +56,16 @@ pub fn devices() -> Vec<DeviceListing> {
         }
     }
     out
+}
+
+/// For each compiled-in backend that lists no devices and can tell why, its name and the
+/// reason.
+pub fn absent_backends() -> Vec<(&'static str, String)> {
+    entries()
+        .into_iter()
+        .filter(|e| (e.probe)().is_empty())
+        .filter_map(|e| (e.why_absent)().map(|why| (e.name, why)))
+        .collect()
 }
 
 /// Opens a device by name: `cpu`, `cpu:0`, `wgpu:1`. A bare backend name means ordinal 0.
@@ -103,6 +116,16 @@ pub fn default_device() -> Result<Arc<dyn Device>> {
 }
 
 impl dyn Device {
+    /// For each compiled-in backend that lists no devices and can tell why, its name and the
+    /// reason.
+    pub fn absent_backends() -> Vec<(&'static str, String)> {
+        entries()
+            .into_iter()
+            .filter(|e| (e.probe)().is_empty())
+            .filter_map(|e| (e.why_absent)().map(|why| (e.name, why)))
+            .collect()
+    }
+
     /// Opens a device by name; see [`open_device`].
     pub fn open(spec: &str) -> Result<Arc<dyn Device>> {
         open_device(spec)

@@ -57,6 +57,9 @@ fn devices() -> Result<()> {
     for d in list {
         println!("{:<10} {}", d.id, d.name);
     }
+    for (backend, why) in crate::absent_backends() {
+        println!("{backend}: no devices: {why}");
+    }
     Ok(())
 }
 

@@ -50,9 +50,8 @@ impl DiskCache {
         let bytes = std::fs::read(self.path(name)).ok()?;
         let (header, payload) = bytes.split_at_checked(HEADER_BYTES)?;
         let field = |i: usize| u64::from_le_bytes(header[8 * i..8 * i + 8].try_into().unwrap());
-        let whole = &header[..8] == MAGIC
-            && field(1) == payload.len() as u64
-            && field(2) == checksum(payload);
+        let whole =
+            &header[..8] == MAGIC && field(1) == payload.len() as u64 && field(2) == fnv1a(payload);
         whole.then(|| payload.to_vec())
     }
 
@@ -61,7 +60,7 @@ impl DiskCache {
         let mut bytes = Vec::with_capacity(HEADER_BYTES + payload.len());
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(&checksum(payload).to_le_bytes());
+        bytes.extend_from_slice(&fnv1a(payload).to_le_bytes());
         bytes.extend_from_slice(payload);
         crate::io::write_atomic(&self.path(name), &bytes).is_ok()
     }
@@ -83,8 +82,9 @@ fn root(
     }
 }
 
-/// 64-bit FNV-1a: enough to tell a damaged entry from a whole one (not an adversary's).
-fn checksum(bytes: &[u8]) -> u64 {
+/// 64-bit FNV-1a: enough to tell a damaged entry from a whole one (not an adversary's), and
+/// to name entries by what they were made from (a kernel's source and compiler).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
         (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

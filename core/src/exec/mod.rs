@@ -15,5 +15,5 @@ mod disk;
 pub mod split;
 
 pub use cache::KernelCache;
-pub use disk::DiskCache;
+pub use disk::{fnv1a, DiskCache};
 pub use split::{binding_window, Part, PartLauncher};

@@ -1,0 +1,148 @@
+// Layer norm and RMS norm over rows of any length, forward and backward: a block per row
+// (looping over rows past the grid), tree sums in f32. The weight (and bias) gradients sum
+// over rows in a fixed order: each block sums a chunk of rows for a tile of columns, then a
+// second kernel adds the chunks' partial sums in order. Parameters: `NormParams`
+// (ops/norm.rs). The planner defines T (the data's stored type) and LAYER (1 for layer norm,
+// 0 for RMS norm).
+
+#define MAX_WARPS 32
+
+KERNEL void norm_forward(const Params p) {
+    __shared__ float scratch[MAX_WARPS];
+    const T* x = (const T*)p.x;
+    const T* w = (const T*)p.w;
+    T* y = (T*)p.y;
+    const u64 n = p.n;
+    const float nf = (float)n;
+    for (u64 row = block_index(); row < p.rows; row += block_count()) {
+        const T* xr = x + row * n;
+#if LAYER
+        float s = 0.0f;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) s += ld(xr, j);
+        const float mean = block_sum(s, scratch) / nf;
+        float q = 0.0f;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) {
+            const float d = ld(xr, j) - mean;
+            q += d * d;
+        }
+        const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / nf + p.eps);
+        const T* b = (const T*)p.b;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) {
+            st(y, row * n + j, (ld(xr, j) - mean) * rstd * ld(w, j) + ld(b, j));
+        }
+        if (threadIdx.x == 0) ((float*)p.mean)[row] = mean;
+#else
+        float q = 0.0f;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) {
+            const float v = ld(xr, j);
+            q += v * v;
+        }
+        const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / nf + p.eps);
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) {
+            st(y, row * n + j, ld(xr, j) * rstd * ld(w, j));
+        }
+#endif
+        if (threadIdx.x == 0) ((float*)p.rstd)[row] = rstd;
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight; RMS norm has no
+// mean(g) term and xhat = x * rstd.
+KERNEL void norm_dx(const Params p) {
+    __shared__ float scratch[MAX_WARPS];
+    const T* x = (const T*)p.x;
+    const T* w = (const T*)p.w;
+    const T* dy = (const T*)p.dy;
+    T* dx = (T*)p.dx;
+    const u64 n = p.n;
+    const float nf = (float)n;
+    for (u64 row = block_index(); row < p.rows; row += block_count()) {
+        const T* xr = x + row * n;
+        const T* dyr = dy + row * n;
+#if LAYER
+        const float mean = ((const float*)p.mean)[row];
+#else
+        const float mean = 0.0f;
+#endif
+        const float rstd = ((const float*)p.rstd)[row];
+        float sg = 0.0f, sgx = 0.0f;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) {
+            const float g = ld(dyr, j) * ld(w, j);
+            sg += g;
+            sgx += g * ((ld(xr, j) - mean) * rstd);
+        }
+#if LAYER
+        const float mg = block_sum(sg, scratch) / nf;
+#else
+        (void)sg;
+        const float mg = 0.0f;
+#endif
+        const float mgx = block_sum(sgx, scratch) / nf;
+        for (u64 j = threadIdx.x; j < n; j += blockDim.x) {
+            const float g = ld(dyr, j) * ld(w, j);
+            const float xh = (ld(xr, j) - mean) * rstd;
+            st(dx, row * n + j, rstd * (g - mg - xh * mgx));
+        }
+    }
+}
+
+// Partial weight (and bias) gradients: block b sums rows chunk * chunk_rows .. + chunk_rows
+// of a tile of blockDim.x columns, in row order, into `partial` ([2][chunks][n] f32: dweight
+// then dbias), or straight into dw and db when there is one chunk.
+KERNEL void norm_dw_partial(const Params p) {
+    const T* x = (const T*)p.x;
+    const T* dy = (const T*)p.dy;
+    const float* rstd = (const float*)p.rstd;
+#if LAYER
+    const float* means = (const float*)p.mean;
+#endif
+    float* partial = (float*)p.partial;
+    const u64 n = p.n;
+    const u64 tiles = (n + blockDim.x - 1) / blockDim.x;
+    for (u64 b = block_index(); b < tiles * p.chunks; b += block_count()) {
+        const u64 chunk = b / tiles;
+        const u64 c = (b - chunk * tiles) * blockDim.x + threadIdx.x;
+        if (c >= n) continue;
+        const u64 r0 = chunk * p.chunk_rows;
+        const u64 r1 = r0 + p.chunk_rows < p.rows ? r0 + p.chunk_rows : p.rows;
+        float sw = 0.0f, sb = 0.0f;
+        for (u64 r = r0; r < r1; ++r) {
+            const float g = ld(dy, r * n + c);
+#if LAYER
+            const float mean = means[r];
+#else
+            const float mean = 0.0f;
+#endif
+            sw += g * ((ld(x, r * n + c) - mean) * rstd[r]);
+            sb += g;
+        }
+        if (p.chunks == 1) {
+            st((T*)p.dw, c, sw);
+#if LAYER
+            st((T*)p.db, c, sb);
+#endif
+        } else {
+            partial[chunk * n + c] = sw;
+            partial[(p.chunks + chunk) * n + c] = sb;
+        }
+    }
+}
+
+// The chunks' partial sums added in chunk order, a thread per column.
+KERNEL void norm_dw_finish(const Params p) {
+    const float* partial = (const float*)p.partial;
+    const u64 n = p.n;
+    for (u64 c = block_index() * blockDim.x + threadIdx.x; c < n; c += block_count() * blockDim.x) {
+        float sw = 0.0f, sb = 0.0f;
+        for (u64 k = 0; k < p.chunks; ++k) {
+            sw += partial[k * n + c];
+            sb += partial[(p.chunks + k) * n + c];
+        }
+        st((T*)p.dw, c, sw);
+#if LAYER
+        st((T*)p.db, c, sb);
+#else
+        (void)sb;
+#endif
+    }
+}

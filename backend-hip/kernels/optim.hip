@@ -1,0 +1,96 @@
+// Optimizer updates, a thread per element in place (each thread reads its element of every
+// input before writing, so outputs may be the input buffers), and the squared norm of many
+// tensors by per-chunk partial sums added up by one block: a fixed order, no atomics.
+// Parameters: `AdamParams`, `SgdParams`, `SquaresParams`, `SumParams` (ops/optim.rs). The
+// planner defines:
+//   T           the stored type of the parameters, gradients and state
+//   DECOUPLED   1 for AdamW's decay of the parameter, 0 for Adam's decay through the gradient
+//   MOMENTUM    1 when SGD keeps a momentum buffer
+//   NESTEROV    1 for Nesterov's look-ahead
+
+#if defined(ADAM)
+KERNEL void adam(const Params p) {
+    const T* param = (const T*)p.param;
+    const T* grad = (const T*)p.grad;
+    const T* m_in = (const T*)p.m;
+    const T* v_in = (const T*)p.v;
+    T* param_out = (T*)p.param_out;
+    T* m_out = (T*)p.m_out;
+    T* v_out = (T*)p.v_out;
+    const float scale = *(const float*)p.grad_scale;
+    const u64 step = block_count() * blockDim.x;
+    for (u64 i = block_index() * blockDim.x + threadIdx.x; i < p.elements; i += step) {
+        float w = ld(param, i);
+        float g = ld(grad, i) * scale;
+#if DECOUPLED
+        w *= p.decay;
+#else
+        g += p.weight_decay * w;
+#endif
+        const float m = p.beta1 * ld(m_in, i) + p.c1 * g;
+        const float v = p.beta2 * ld(v_in, i) + p.c2 * g * g;
+        w -= p.step_size * (m / (sqrtf(v) / p.bc2_sqrt + p.eps));
+        st(param_out, i, w);
+        st(m_out, i, m);
+        st(v_out, i, v);
+    }
+}
+#endif
+
+#if defined(SGD)
+KERNEL void sgd(const Params p) {
+    const T* param = (const T*)p.param;
+    const T* grad = (const T*)p.grad;
+    T* param_out = (T*)p.param_out;
+    const float scale = *(const float*)p.grad_scale;
+    const u64 step = block_count() * blockDim.x;
+    for (u64 i = block_index() * blockDim.x + threadIdx.x; i < p.elements; i += step) {
+        const float w = ld(param, i);
+        float d = ld(grad, i) * scale + p.weight_decay * w;
+#if MOMENTUM
+        const float b = p.momentum * ld((const T*)p.buf, i) + p.grad_coef * d;
+        st((T*)p.buf_out, i, b);
+#if NESTEROV
+        d = d + p.momentum * b;
+#else
+        d = b;
+#endif
+#endif
+        st(param_out, i, w - p.lr * d);
+    }
+}
+#endif
+
+#if defined(SQUARES)
+// Block c sums the squares of chunk c of the launch's tensors, counted over all of them in
+// order (tensor t's chunks from `chunk0[t]`), into partial `first + c`.
+KERNEL void squares(const Params p) {
+    __shared__ float scratch[1024 / 32];
+    for (u64 c = block_index(); c < p.chunks; c += block_count()) {
+        u32 t = 0;
+        while (t + 1 < p.count && p.chunk0[t + 1] <= c) ++t;
+        const T* x = (const T*)p.ptrs[t];
+        const u64 local = c - p.chunk0[t];
+        const u64 begin = local * p.chunk;
+        const u64 end = begin + p.chunk < p.elements[t] ? begin + p.chunk : p.elements[t];
+        float s = 0.0f;
+        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            const float v = ld(x, i);
+            s += v * v;
+        }
+        const float total = block_sum(s, scratch);
+        if (threadIdx.x == 0) ((float*)p.partials)[p.first + c] = total;
+    }
+}
+#endif
+
+#if defined(SUM_PARTIALS)
+KERNEL void sum_partials(const Params p) {
+    __shared__ float scratch[1024 / 32];
+    const float* partials = (const float*)p.partials;
+    float s = 0.0f;
+    for (u64 i = threadIdx.x; i < p.count; i += blockDim.x) s += partials[i];
+    const float total = block_sum(s, scratch);
+    if (threadIdx.x == 0) *(float*)p.out = total;
+}
+#endif

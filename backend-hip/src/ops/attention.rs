@@ -1,0 +1,246 @@
+//! Rotary embeddings and flash-style attention (`kernels/attention.hip`). The forward pass
+//! runs a thread per query row with an online softmax over keys streamed through shared
+//! memory; the backward pass runs `dq` per query row (which also leaves `delta_i` for the
+//! others), then `dk` and `dv` per key row, each summing grouped query heads and rows in
+//! order: no T x T memory, no atomics, the same bits every run.
+
+use tessera_core::{DType, Error, Op, Result, TensorRef};
+
+use super::{cxx_type, index_type, unsupported};
+use crate::gpu::{grid_for, rows_grid, Gpu, Source};
+use crate::memory::buffer_address;
+use crate::params::hip_params;
+
+const SRC: &str = include_str!("../../kernels/attention.hip");
+
+/// Query (or key) rows per block, a thread each.
+const ROWS: u32 = 64;
+/// Most rows per streamed tile.
+const MAX_TILE: usize = 32;
+/// Floats of shared memory a block may use (48 KiB, the limit without opt-in).
+const SHARED_FLOATS: usize = 12 * 1024;
+/// The largest head dim: the rows a thread holds are per-thread arrays of this size.
+const MAX_HEAD: usize = 512;
+
+hip_params! {
+    /// Rotary's parameters: `pairs` rotated pairs in rows of `2 * half`, `positions` rows per
+    /// sequence (the tables' rows).
+    RotaryParams {
+        x: u64,
+        cos: u64,
+        sin: u64,
+        y: u64,
+        pairs: u64,
+        half: u64,
+        positions: u64,
+    }
+}
+
+hip_params! {
+    /// Attention's parameters, forward and backward: the operands (those a kernel does not
+    /// use are 0), k's and v's batch and head strides in elements, and the sizes.
+    AttnParams {
+        q: u64,
+        k: u64,
+        v: u64,
+        out: u64,
+        lse: u64,
+        dout: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+        /// Scratch: delta_i per query row, from the dq kernel.
+        delta: u64,
+        k_batch_stride: u64,
+        k_head_stride: u64,
+        v_batch_stride: u64,
+        v_head_stride: u64,
+        batch: u32,
+        heads: u32,
+        kv_heads: u32,
+        q_len: u32,
+        k_len: u32,
+        causal: u32,
+        scale: f32,
+    }
+}
+
+/// Whether this family's kernels run `op` on inputs of `dtypes`: f32, f16 and bf16 data.
+pub(crate) fn supports(_op: &Op, dtypes: &[DType]) -> bool {
+    matches!(dtypes.first(), Some(DType::F32 | DType::F16 | DType::BF16))
+}
+
+/// Rows per streamed tile for head dims `kd`, `vd`: as many as fit the shared memory of the
+/// largest kernel (dk: both tiles and two statistics per row), at most [`MAX_TILE`].
+fn tile(kd: usize, vd: usize) -> usize {
+    (SHARED_FLOATS / (kd.max(1) + vd.max(1) + 2)).min(MAX_TILE)
+}
+
+/// The attention kernel `entry` (`forward`, `dq`, `dk` or `dv`) for data of `dtype` and head
+/// dims `kd`, `vd`.
+fn attn_source(entry: &str, dtype: DType, kd: usize, vd: usize) -> Source {
+    let (name, flag) = match entry {
+        "forward" => ("forward", "FORWARD"),
+        "dq" => ("dq", "DQ"),
+        "dk" => ("dkv", "DK"),
+        _ => ("dkv", "DV"),
+    };
+    Source::new::<AttnParams>(SRC, name)
+        .define(flag, "1")
+        .define("T", cxx_type(dtype))
+        .define("KD", kd.to_string())
+        .define("VD", vd.to_string())
+        .define("TILE", tile(kd, vd).to_string())
+        .define("ROWS", ROWS.to_string())
+        .define("DELTA_SUM", if dtype == DType::F32 { "0" } else { "1" })
+}
+
+fn rotary_source(dtype: DType, index: &str) -> Source {
+    Source::new::<RotaryParams>(SRC, "rotary")
+        .define("ROTARY", "1")
+        .define("T", cxx_type(dtype))
+        .define("IDX", index)
+}
+
+/// The kernels `launch` compiles for `op` on inputs of `dtypes`: a few head dims.
+#[cfg(test)]
+pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
+    let dtype = dtypes[0];
+    let heads = [(64, 64), (80, 80), (128, 96), (256, 256), (8, 0)];
+    match op {
+        Op::Rotary => vec![rotary_source(dtype, "u32"), rotary_source(dtype, "u64")],
+        Op::Attention { .. } => heads
+            .iter()
+            .map(|&(kd, vd)| attn_source("forward", dtype, kd, vd))
+            .collect(),
+        Op::AttentionBackward { .. } => heads
+            .iter()
+            .flat_map(|&(kd, vd)| ["dq", "dk", "dv"].map(|entry| attn_source(entry, dtype, kd, vd)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+pub(crate) fn launch(
+    gpu: &Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    match op {
+        Op::Rotary => rotary(gpu, inputs, &outputs[0]),
+        Op::Attention { causal } | Op::AttentionBackward { causal } => {
+            attention(gpu, op, *causal, inputs, outputs, s[0])
+        }
+        _ => Err(unsupported(gpu, op)),
+    }
+}
+
+fn rotary(gpu: &Gpu, inputs: &[TensorRef<'_>], y: &TensorRef<'_>) -> Result<()> {
+    let shape = &inputs[0].layout.shape;
+    let r = shape.len();
+    let n = inputs[0].layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let dtype = inputs[0].dtype;
+    let index = index_type(&[&inputs[0]]);
+    let params = RotaryParams {
+        x: gpu.ptr(&inputs[0])?,
+        cos: gpu.ptr(&inputs[1])?,
+        sin: gpu.ptr(&inputs[2])?,
+        y: gpu.ptr(y)?,
+        pairs: (n / 2) as u64,
+        half: (shape[r - 1] / 2) as u64,
+        positions: shape[r - 2] as u64,
+    };
+    let key = format!("rotary:{dtype}:{index}");
+    let source = || Ok(rotary_source(dtype, index));
+    gpu.run(&key, source, grid_for(n / 2, 256), &params)
+}
+
+fn attention(
+    gpu: &Gpu,
+    op: &Op,
+    causal: bool,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scale: f64,
+) -> Result<()> {
+    let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
+    let (qs, ks, vs) = (&q.layout.shape, &k.layout.shape, &v.layout.shape);
+    let (b, hq, tq, kd) = (qs[0], qs[1], qs[2], qs[3]);
+    let (hkv, tk, vd) = (ks[1], ks[2], vs[3]);
+    let dtype = q.dtype;
+    if kd > MAX_HEAD || vd > MAX_HEAD {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!(
+                "{} with head dims {kd} and {vd} (the kernels hold rows of up to {MAX_HEAD})",
+                op.name()
+            ),
+        ));
+    }
+    let fits = |x: usize| x < u32::MAX as usize;
+    if ![b, hq, hkv, tq, tk].into_iter().all(fits) || !fits(b * hq) {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!("{} past 2^32 rows or heads", op.name()),
+        ));
+    }
+    let mut params = AttnParams {
+        q: gpu.ptr(q)?,
+        k: gpu.ptr(k)?,
+        v: gpu.ptr(v)?,
+        k_batch_stride: k.layout.strides[0] as u64,
+        k_head_stride: k.layout.strides[1] as u64,
+        v_batch_stride: v.layout.strides[0] as u64,
+        v_head_stride: v.layout.strides[1] as u64,
+        batch: b as u32,
+        heads: hq as u32,
+        kv_heads: hkv as u32,
+        q_len: tq as u32,
+        k_len: tk as u32,
+        causal: u32::from(causal),
+        scale: scale as f32,
+        ..AttnParams::default()
+    };
+    let rows = b * hq * tq;
+    let query_blocks = b * hq * tq.div_ceil(ROWS as usize);
+    let key_blocks = b * hkv * tk.div_ceil(ROWS as usize);
+    let tile = tile(kd, vd);
+    let run = |entry: &str, blocks: usize, params: &AttnParams| {
+        let key = format!("attn_{entry}:{dtype}:{kd}:{vd}:{tile}");
+        let source = || Ok(attn_source(entry, dtype, kd, vd));
+        gpu.run(&key, source, rows_grid(blocks, ROWS, 0), params)
+    };
+    if matches!(op, Op::Attention { .. }) {
+        if rows == 0 {
+            return Ok(());
+        }
+        params.out = gpu.ptr(&outputs[0])?;
+        params.lse = gpu.ptr(&outputs[1])?;
+        return run("forward", query_blocks, &params);
+    }
+    params.out = gpu.ptr(&inputs[3])?;
+    params.lse = gpu.ptr(&inputs[4])?;
+    params.dout = gpu.ptr(&inputs[5])?;
+    params.dq = gpu.ptr(&outputs[0])?;
+    params.dk = gpu.ptr(&outputs[1])?;
+    params.dv = gpu.ptr(&outputs[2])?;
+    let scratch = gpu.alloc(rows.max(1) * 4)?;
+    params.delta = buffer_address(gpu.backend(), &scratch)?;
+    if rows > 0 {
+        run("dq", query_blocks, &params)?;
+    }
+    if key_blocks > 0 {
+        if kd > 0 {
+            run("dk", key_blocks, &params)?;
+        }
+        if vd > 0 {
+            run("dv", key_blocks, &params)?;
+        }
+    }
+    Ok(())
+}

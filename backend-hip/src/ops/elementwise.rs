@@ -1,0 +1,305 @@
+//! Elementwise ops: casts, copies, unary and binary math, comparisons, select, SwiGLU. One
+//! kernel for all (`kernels/elementwise.hip`): every operand read in place through its
+//! strides, the op's code generated per op and dtypes.
+
+use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Error, Op, Result, TensorRef, UnaryOp};
+
+use super::{cxx_type, index_type, unsupported};
+use crate::gpu::{grid_for, Gpu, Source};
+use crate::params::hip_params;
+
+const SRC: &str = include_str!("../../kernels/elementwise.hip");
+
+/// Dimensions the map kernel indexes, after merging those every operand steps through alike.
+const MAX_DIMS: usize = 8;
+/// Operands of an elementwise op, inputs and outputs (SwiGLU's backward has five).
+const MAX_OPERANDS: usize = 5;
+
+hip_params! {
+    /// The map kernel's parameters: each operand's address (inputs, then outputs), the
+    /// output's `elements` in a (merged) `shape`, every operand's strides, and the op's
+    /// `scalars`.
+    MapParams {
+        ptrs: [u64; MAX_OPERANDS],
+        elements: u64,
+        shape: [u64; MAX_DIMS],
+        strides: [[u64; MAX_DIMS]; MAX_OPERANDS],
+        scalars: [f32; 4],
+    }
+}
+
+/// `op(x)` in C++, with scalars `S0`, `S1`.
+fn unary(u: UnaryOp) -> &'static str {
+    match u {
+        UnaryOp::Neg => "-x",
+        UnaryOp::Abs => "fabsf(x)",
+        UnaryOp::Exp => "expf(x)",
+        UnaryOp::Log => "(x < 0.0f ? nan_f() : (x == 0.0f ? -inf_f() : logf(x)))",
+        UnaryOp::Sqrt => "(x < 0.0f ? nan_f() : sqrtf(x))",
+        UnaryOp::Rsqrt => "(x < 0.0f ? nan_f() : 1.0f / sqrtf(x))",
+        UnaryOp::Recip => "1.0f / x",
+        UnaryOp::Square => "x * x",
+        UnaryOp::Tanh => "tanhf(x)",
+        UnaryOp::Sigmoid => "sigmoid(x)",
+        UnaryOp::Relu => "relu(x)",
+        UnaryOp::Gelu => "gelu(x)",
+        UnaryOp::Silu => "silu(x)",
+        UnaryOp::Sin => "sinf(x)",
+        UnaryOp::Cos => "cosf(x)",
+        UnaryOp::Affine => "fmaf(x, S0, S1)",
+        UnaryOp::PowScalar => "powf_r(x, S0)",
+    }
+}
+
+/// `op'(x)` in C++. A zero derivative is `zero_times(x)` so that NaN and infinite inputs
+/// give NaN, as `0 * x`.
+fn derivative(u: UnaryOp) -> &'static str {
+    match u {
+        UnaryOp::Neg => "-1.0f",
+        UnaryOp::Abs => "(x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : zero_times(x)))",
+        UnaryOp::Exp => "expf(x)",
+        UnaryOp::Log => "1.0f / x",
+        UnaryOp::Sqrt => "0.5f / sqrtf(x)",
+        UnaryOp::Rsqrt => "-0.5f / (x * sqrtf(x))",
+        UnaryOp::Recip => "-1.0f / (x * x)",
+        UnaryOp::Square => "2.0f * x",
+        UnaryOp::Tanh => "(1.0f - tanhf(x) * tanhf(x))",
+        UnaryOp::Sigmoid => "(sigmoid(x) * (1.0f - sigmoid(x)))",
+        UnaryOp::Relu => "(x > 0.0f ? 1.0f : zero_times(x))",
+        UnaryOp::Gelu => "gelu_grad(x)",
+        UnaryOp::Silu => "(sigmoid(x) * (1.0f + x * (1.0f - sigmoid(x))))",
+        UnaryOp::Sin => "cosf(x)",
+        UnaryOp::Cos => "-sinf(x)",
+        UnaryOp::Affine => "S0",
+        UnaryOp::PowScalar => "(S0 == 0.0f ? 0.0f : S0 * powf_r(x, S0 - 1.0f))",
+    }
+}
+
+fn binary(b: BinaryOp) -> &'static str {
+    match b {
+        BinaryOp::Add => "a + b",
+        BinaryOp::Sub => "a - b",
+        BinaryOp::Mul => "a * b",
+        BinaryOp::Div => "a / b",
+        BinaryOp::Maximum => "max_nan(a, b)",
+        BinaryOp::Minimum => "min_nan(a, b)",
+        BinaryOp::Pow => "powf_r(a, b)",
+    }
+}
+
+fn compare(c: CompareOp) -> &'static str {
+    match c {
+        CompareOp::Eq => "a == b",
+        CompareOp::Ne => "!(a == b)",
+        CompareOp::Lt => "a < b",
+        CompareOp::Le => "a <= b",
+        CompareOp::Gt => "a > b",
+        CompareOp::Ge => "a >= b",
+    }
+}
+
+/// Whether `dtype` is stored as a 16-bit float.
+fn sixteen_bit(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// The C++ conversion of a value `v` of `from` (16-bit floats already widened to f32) into
+/// the type of `to` (f32 for 16-bit floats), as `Cast` defines it.
+fn cast(from: DType, to: DType) -> &'static str {
+    use DType::*;
+    let wide = |d: DType| if sixteen_bit(d) { F32 } else { d };
+    match (wide(from), wide(to)) {
+        (a, b) if a == b => "v",
+        (F32, I32) => "f2i(v)",
+        (F32, U32) => "f2u(v)",
+        (F32, Bool) => "(u8)(v == 0.0f ? 0 : 1)",
+        (I32, F32) | (U32, F32) => "(float)v",
+        (I32, U32) => "(v < 0 ? 0u : (u32)v)",
+        (U32, I32) => "(v > 2147483647u ? 2147483647 : (i32)v)",
+        (I32, Bool) | (U32, Bool) => "(u8)(v != 0 ? 1 : 0)",
+        (Bool, F32) => "(v != 0 ? 1.0f : 0.0f)",
+        (Bool, I32) => "(i32)(v != 0 ? 1 : 0)",
+        (Bool, U32) => "(u32)(v != 0 ? 1u : 0u)",
+        _ => "v",
+    }
+}
+
+/// The code one thread runs on its element (offsets `o0`, `o1`, ... of the operands), for
+/// inputs of `dtypes`.
+fn map_body(op: &Op, dtypes: &[DType]) -> Option<String> {
+    let out = dtypes.len();
+    Some(match op {
+        Op::Cast { to } => {
+            let from = dtypes[0];
+            let load = if sixteen_bit(from) {
+                "ld(P0, o0)"
+            } else {
+                "P0[o0]"
+            };
+            let value = cast(from, *to);
+            if sixteen_bit(*to) {
+                format!("auto v = {load}; st(P1, o1, {value});")
+            } else {
+                format!("auto v = {load}; P1[o1] = {value};")
+            }
+        }
+        Op::Copy => "P1[o1] = P0[o0];".into(),
+        Op::Unary(u) => format!("const float x = ld(P0, o0); st(P1, o1, {});", unary(*u)),
+        Op::UnaryBackward(u) => format!(
+            "const float x = ld(P0, o0); const float dy = ld(P1, o1); st(P2, o2, dy * {});",
+            derivative(*u)
+        ),
+        Op::Binary(b) => format!(
+            "const float a = ld(P0, o0); const float b = ld(P1, o1); st(P2, o2, {});",
+            binary(*b)
+        ),
+        Op::Compare(c) => {
+            let load = |k: usize| {
+                if dtypes[0].is_float() {
+                    format!("ld(P{k}, o{k})")
+                } else {
+                    format!("P{k}[o{k}]")
+                }
+            };
+            format!(
+                "const auto a = {}; const auto b = {}; P{out}[o{out}] = ({}) ? 1 : 0;",
+                load(0),
+                load(1),
+                compare(*c)
+            )
+        }
+        Op::Where => "P3[o3] = P0[o0] != 0 ? P1[o1] : P2[o2];".into(),
+        Op::SwiGlu => {
+            "const float g = ld(P0, o0); const float u = ld(P1, o1); st(P2, o2, silu(g) * u);"
+                .into()
+        }
+        Op::SwiGluBackward => "const float g = ld(P0, o0); const float u = ld(P1, o1); \
+             const float dy = ld(P2, o2); const float sg = sigmoid(g); \
+             st(P3, o3, dy * u * sg * (1.0f + g * (1.0f - sg))); st(P4, o4, dy * silu(g));"
+            .into(),
+        _ => return None,
+    })
+}
+
+/// Whether the map kernel runs `op`: every elementwise op, on any dtypes the catalog allows.
+pub(crate) fn supports(_op: &Op, _dtypes: &[DType]) -> bool {
+    true
+}
+
+/// The map kernel for `op` on operands of `dtypes` (inputs, then outputs) over `rank`
+/// dimensions, indexed with `index`.
+fn map_source(
+    op: &Op,
+    dtypes: &[DType],
+    inputs: usize,
+    rank: usize,
+    index: &str,
+) -> Option<Source> {
+    let mut source = Source::new::<MapParams>(SRC, "map")
+        .define("IDX", index)
+        .define(
+            "OFFSETS",
+            operand_offsets(rank, dtypes.len()).replace('\n', " "),
+        )
+        .define("BODY", map_body(op, &dtypes[..inputs])?);
+    for (k, &dtype) in dtypes.iter().enumerate() {
+        source = source.define(&format!("T{k}"), cxx_type(dtype));
+    }
+    Some(source)
+}
+
+/// The kernels `launch` compiles for `op` on inputs of `dtypes`: ranks 1 and 3, both index
+/// types.
+#[cfg(test)]
+pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
+    let outputs: Vec<DType> = match op {
+        Op::Cast { to } => vec![*to],
+        Op::Compare(_) => vec![DType::Bool],
+        Op::Where => vec![dtypes[1]],
+        Op::SwiGluBackward => vec![dtypes[0]; 2],
+        _ => vec![dtypes[0]],
+    };
+    let all: Vec<DType> = dtypes.iter().chain(&outputs).copied().collect();
+    [(1, "u32"), (3, "u64")]
+        .into_iter()
+        .filter_map(|(rank, index)| map_source(op, &all, dtypes.len(), rank, index))
+        .collect()
+}
+
+/// C++ that sets `o0`, `o1`, ... to each of `operands` operands' offset of element `i`, for
+/// a shape of `rank` dimensions ([`MapParams`]).
+fn operand_offsets(rank: usize, operands: usize) -> String {
+    let mut code = String::from("IDX rem = i;\n");
+    for d in (1..rank).rev() {
+        code += &format!("const IDX c{d} = rem % (IDX)p.shape[{d}]; rem /= (IDX)p.shape[{d}];\n");
+    }
+    if rank > 0 {
+        code += "const IDX c0 = rem;\n";
+    }
+    for t in 0..operands {
+        let terms: String = (0..rank)
+            .map(|d| format!(" + c{d} * (IDX)p.strides[{t}][{d}]"))
+            .collect();
+        code += &format!("const IDX o{t} = 0{terms};\n");
+    }
+    code += "(void)rem;\n";
+    code
+}
+
+pub(crate) fn launch(
+    gpu: &Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let tensors: Vec<&TensorRef<'_>> = inputs.iter().chain(outputs).collect();
+    let n = outputs[0].layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let strides: Vec<&[usize]> = tensors.iter().map(|t| &t.layout.strides[..]).collect();
+    let (shape, strides) = merge_dims(&outputs[0].layout.shape, &strides);
+    let rank = shape.len();
+    if tensors.len() > MAX_OPERANDS {
+        return Err(unsupported(gpu, op));
+    }
+    if rank > MAX_DIMS {
+        return Err(Error::unsupported(
+            gpu.backend(),
+            format!(
+                "{} over {rank} dimensions that do not merge (the kernel indexes {MAX_DIMS})",
+                op.name()
+            ),
+        ));
+    }
+    let index = index_type(&tensors);
+    let names: Vec<&str> = tensors.iter().map(|t| t.dtype.name()).collect();
+    let key = format!("map{rank}:{}:{}:{index}", op.name(), names.join(","))
+        + &match op {
+            Op::Cast { to } => format!("->{to}"),
+            _ => String::new(),
+        };
+    let dtypes: Vec<DType> = tensors.iter().map(|t| t.dtype).collect();
+    let mut params = MapParams {
+        elements: n as u64,
+        ..MapParams::default()
+    };
+    for (k, t) in tensors.iter().enumerate() {
+        params.ptrs[k] = gpu.ptr(t)?;
+    }
+    for (k, scalar) in s.iter().take(4).enumerate() {
+        params.scalars[k] = *scalar as f32;
+    }
+    for (d, &size) in shape.iter().enumerate() {
+        params.shape[d] = size as u64;
+    }
+    for (t, st) in strides.iter().enumerate() {
+        for (d, &stride) in st.iter().enumerate() {
+            params.strides[t][d] = stride as u64;
+        }
+    }
+    let source =
+        || map_source(op, &dtypes, inputs.len(), rank, index).ok_or_else(|| unsupported(gpu, op));
+    gpu.run(&key, source, grid_for(n, 256), &params)
+}

@@ -1,0 +1,155 @@
+//! Layer norm and RMS norm, forward and backward (`kernels/norm.hip`): a block per row for
+//! the statistics, `y` and `dx`; the weight and bias gradients as partial sums over fixed
+//! chunks of rows (a thread per column, rows in order), then the chunks added in order, so
+//! they are deterministic and use the whole device however many rows there are.
+
+use tessera_core::{DType, Op, Result, TensorRef};
+
+use super::{cxx_type, unsupported};
+use crate::gpu::{grid_for, rows_grid, Gpu, Source};
+use crate::memory::buffer_address;
+use crate::params::hip_params;
+
+const SRC: &str = include_str!("../../kernels/norm.hip");
+
+/// Threads of the column kernels.
+const THREADS: u32 = 256;
+/// Rows one block of the weight gradients sums at least; at most this many chunks.
+const CHUNK_ROWS: usize = 64;
+const MAX_CHUNKS: usize = 1024;
+
+hip_params! {
+    /// The norms' parameters: the operands (absent ones 0), `rows` rows of `n`, `eps`, and
+    /// the weight gradients' `chunks` of `chunk_rows` rows with their `partial` sums.
+    NormParams {
+        x: u64,
+        w: u64,
+        b: u64,
+        y: u64,
+        mean: u64,
+        rstd: u64,
+        dy: u64,
+        dx: u64,
+        dw: u64,
+        db: u64,
+        partial: u64,
+        rows: u64,
+        n: u64,
+        chunks: u64,
+        chunk_rows: u64,
+        eps: f32,
+    }
+}
+
+/// Whether this family's kernels run `op` on inputs of `dtypes`: every op on f32, f16 and
+/// bf16.
+pub(crate) fn supports(_op: &Op, _dtypes: &[DType]) -> bool {
+    true
+}
+
+/// Kernel `entry` for data of `dtype`, layer norm or RMS norm.
+fn norm_source(entry: &'static str, dtype: DType, layer: bool) -> Source {
+    Source::new::<NormParams>(SRC, entry)
+        .define("T", cxx_type(dtype))
+        .define("LAYER", if layer { "1" } else { "0" })
+}
+
+/// The kernels `launch` compiles for `op` on inputs of `dtypes`.
+#[cfg(test)]
+pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
+    let layer = matches!(op, Op::LayerNorm | Op::LayerNormBackward);
+    let entries: &[&'static str] = match op {
+        Op::LayerNorm | Op::RmsNorm => &["norm_forward"],
+        _ => &["norm_dx", "norm_dw_partial", "norm_dw_finish"],
+    };
+    entries
+        .iter()
+        .map(|e| norm_source(e, dtypes[0], layer))
+        .collect()
+}
+
+/// Threads per row for rows of `n`: about four elements each, 64 to 256.
+fn row_threads(n: usize) -> u32 {
+    n.div_ceil(4).next_power_of_two().clamp(64, 256) as u32
+}
+
+pub(crate) fn launch(
+    gpu: &Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+) -> Result<()> {
+    let x = &inputs[0];
+    let n = *x.layout.shape.last().unwrap_or(&1);
+    let rows = x.layout.numel() / n.max(1);
+    let dtype = x.dtype;
+    let layer = matches!(op, Op::LayerNorm | Op::LayerNormBackward);
+    let mut params = NormParams {
+        x: gpu.ptr(x)?,
+        w: gpu.ptr(&inputs[1])?,
+        rows: rows as u64,
+        n: n as u64,
+        eps: scalars.first().copied().unwrap_or(0.0) as f32,
+        ..NormParams::default()
+    };
+    let run = |entry: &'static str, grid, params: &NormParams| {
+        let key = format!("{entry}:{}:{dtype}", op.name());
+        gpu.run(&key, || Ok(norm_source(entry, dtype, layer)), grid, params)
+    };
+    let row_grid = rows_grid(rows, row_threads(n), 0);
+    match op {
+        Op::LayerNorm | Op::RmsNorm => {
+            if rows == 0 {
+                return Ok(());
+            }
+            params.y = gpu.ptr(&outputs[0])?;
+            if layer {
+                params.b = gpu.ptr(&inputs[2])?;
+                params.mean = gpu.ptr(&outputs[1])?;
+                params.rstd = gpu.ptr(&outputs[2])?;
+            } else {
+                params.rstd = gpu.ptr(&outputs[1])?;
+            }
+            run("norm_forward", row_grid, &params)
+        }
+        Op::LayerNormBackward | Op::RmsNormBackward => {
+            let (rstd, dy) = if layer { (3, 4) } else { (2, 3) };
+            params.rstd = gpu.ptr(&inputs[rstd])?;
+            params.dy = gpu.ptr(&inputs[dy])?;
+            if layer {
+                params.mean = gpu.ptr(&inputs[2])?;
+                params.db = gpu.ptr(&outputs[2])?;
+            }
+            params.dx = gpu.ptr(&outputs[0])?;
+            params.dw = gpu.ptr(&outputs[1])?;
+            if rows == 0 {
+                let bytes = n * dtype.size();
+                for out in &outputs[1..] {
+                    gpu.driver.zero(gpu.ptr(out)?, bytes)?;
+                }
+                return Ok(());
+            }
+            run("norm_dx", row_grid, &params)?;
+            let chunk_rows = CHUNK_ROWS.max(rows.div_ceil(MAX_CHUNKS));
+            let chunks = rows.div_ceil(chunk_rows);
+            params.chunks = chunks as u64;
+            params.chunk_rows = chunk_rows as u64;
+            let scratch = if chunks > 1 {
+                let buffer = gpu.alloc(2 * chunks * n * 4)?;
+                params.partial = buffer_address(gpu.backend(), &buffer)?;
+                Some(buffer)
+            } else {
+                None
+            };
+            let blocks = n.div_ceil(THREADS as usize) * chunks;
+            let partial_grid = grid_for(blocks * THREADS as usize, THREADS);
+            run("norm_dw_partial", partial_grid, &params)?;
+            if scratch.is_some() {
+                run("norm_dw_finish", grid_for(n, THREADS), &params)?;
+            }
+            Ok(())
+        }
+        _ => Err(unsupported(gpu, op)),
+    }
+}

@@ -147,6 +147,211 @@ UNROLL
 }
 #endif
 
+#if defined(FORWARD_MMA) && defined(TESSERA_NVIDIA)
+// The forward pass on NVIDIA's tensor cores, for 16-bit data and equal query and value head
+// dims D (a multiple of 16, at most 128): four warps per block, 16 query rows each, keys in
+// tiles of 64; S = Q K^T and O += P V as m16n8k16 MMAs with f32 accumulators, the online
+// softmax in registers (base-2 exponentials of scores pre-scaled by log2 e), P carried into
+// its MMA as two 16-bit parts (`split2`). Tiles sit in dynamic shared memory, rows
+// padded by 8 elements against bank conflicts. Defines: D, MMA_BF16 (1: bf16, 0: f16).
+#define BQ 64
+#define BK 64
+#define DP (D + 8)
+
+DEV void mma16816(float* c, const u32* a, const u32* b) {
+#if MMA_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Two floats as one register of 16-bit values, `lo` in the low half.
+DEV u32 pack2(float lo, float hi) {
+    u32 r;
+#if MMA_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// The two 16-bit values of a register as floats.
+DEV float low_half(u32 v) {
+#if MMA_BF16
+    return __uint_as_float(v << 16);
+#else
+    f16 h;
+    h.bits = (u16)(v & 0xffffu);
+    return to_f32(h);
+#endif
+}
+DEV float high_half(u32 v) {
+#if MMA_BF16
+    return __uint_as_float(v & 0xffff0000u);
+#else
+    f16 h;
+    h.bits = (u16)(v >> 16);
+    return to_f32(h);
+#endif
+}
+
+// Two probabilities as a 16-bit pair `hi` and the pair `lo` of what rounding left out, so
+// that P V = hi V + lo V keeps P to about f32 precision (P rounded once to 16 bits misses the
+// CPU's f32 result where the weighted values cancel).
+DEV void split2(float a, float b, u32& hi, u32& lo) {
+    hi = pack2(a, b);
+    lo = pack2(a - low_half(hi), b - high_half(hi));
+}
+
+// Rows `first..first + BQ` of a head's [rows, D] matrix into a padded tile; rows past `count`
+// are zeros (their scores are masked, and zero values keep P V finite).
+DEV void load_tile(u16* tile, const u16* rows, u32 first, u32 count) {
+    for (u32 e = threadIdx.x * 8; e < BQ * D; e += blockDim.x * 8) {
+        const u32 r = e / D, c = e % D;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (first + r < count) v = *(const uint4*)(rows + (u64)(first + r) * D + c);
+        *(uint4*)(tile + r * DP + c) = v;
+    }
+}
+
+KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
+    extern __shared__ uint4 smem_words[];
+    u16* qs = (u16*)smem_words;
+    u16* ks = qs + BQ * DP;
+    u16* vs = ks + BK * DP;
+    const u32 tq = p.q_len;
+    const u32 blocks = (tq + BQ - 1) / BQ;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 total = (u64)p.batch * p.heads * blocks;
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const float scale2 = p.scale * 1.4426950408889634f;
+    for (u64 t = block_index(); t < total; t += block_count()) {
+        const u64 bh = t / blocks;
+        const u32 i0 = (u32)(t % blocks) * BQ;
+        const u64 b = bh / p.heads, g = (bh % p.heads) / group;
+        const u16* kh = (const u16*)k_head(p, b, g);
+        const u16* vh = (const u16*)v_head(p, b, g);
+        __syncthreads();
+        load_tile(qs, (const u16*)p.q + bh * tq * D, i0, tq);
+        __syncthreads();
+        const u32 r0 = warp * 16 + gid;
+        u32 qa[D / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const u16* lo = qs + r0 * DP + kk * 16 + tig * 2;
+            const u16* hi = lo + 8 * DP;
+            qa[kk][0] = *(const u32*)lo;
+            qa[kk][1] = *(const u32*)hi;
+            qa[kk][2] = *(const u32*)(lo + 8);
+            qa[kk][3] = *(const u32*)(hi + 8);
+        }
+        float o[D / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+        const u32 rows[2] = {i0 + r0, i0 + r0 + 8};
+        const u32 lim[2] = {rows[0] < tq ? visible(p, rows[0]) : 0u,
+                            rows[1] < tq ? visible(p, rows[1]) : 0u};
+        float m[2] = {-inf_f(), -inf_f()}, l[2] = {0.0f, 0.0f};
+        const u32 last = (i0 + BQ < tq ? i0 + BQ : tq) - 1;
+        const u32 span = visible(p, last);
+        for (u32 j0 = 0; j0 < span; j0 += BK) {
+            __syncthreads();
+            load_tile(ks, kh, j0, p.k_len);
+            load_tile(vs, vh, j0, p.k_len);
+            __syncthreads();
+            float s[BK / 8][4];
+#pragma unroll
+            for (int j = 0; j < BK / 8; ++j) {
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    const u16* kr = ks + (j * 8 + gid) * DP + kk * 16 + tig * 2;
+                    const u32 kb[2] = {*(const u32*)kr, *(const u32*)(kr + 8)};
+                    mma16816(s[j], qa[kk], kb);
+                }
+            }
+            float mx[2] = {m[0], m[1]};
+#pragma unroll
+            for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 col = j0 + j * 8 + tig * 2 + (e & 1);
+                    const float v = col < lim[e / 2] ? s[j][e] * scale2 : -inf_f();
+                    s[j][e] = v;
+                    mx[e / 2] = fmaxf(mx[e / 2], v);
+                }
+            }
+            float base[2], corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
+                mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
+                base[h] = mx[h] == -inf_f() ? 0.0f : mx[h];
+                corr[h] = exp2f(m[h] - base[h]);
+                m[h] = mx[h];
+            }
+#pragma unroll
+            for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] = exp2f(s[j][e] - base[e / 2]);
+                    sum[e / 2] += s[j][e];
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + sum[h];
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                o[nt][0] *= corr[0];
+                o[nt][1] *= corr[0];
+                o[nt][2] *= corr[1];
+                o[nt][3] *= corr[1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                u32 hi[4], lo[4];
+                split2(s[2 * kk][0], s[2 * kk][1], hi[0], lo[0]);
+                split2(s[2 * kk][2], s[2 * kk][3], hi[1], lo[1]);
+                split2(s[2 * kk + 1][0], s[2 * kk + 1][1], hi[2], lo[2]);
+                split2(s[2 * kk + 1][2], s[2 * kk + 1][3], hi[3], lo[3]);
+                const u16* v0 = vs + (kk * 16 + tig * 2) * DP + gid;
+#pragma unroll
+                for (int nt = 0; nt < D / 8; ++nt) {
+                    const u16* vc = v0 + nt * 8;
+                    const u32 vb[2] = {(u32)vc[0] | ((u32)vc[DP] << 16),
+                                       (u32)vc[8 * DP] | ((u32)vc[9 * DP] << 16)};
+                    mma16816(o[nt], hi, vb);
+                    mma16816(o[nt], lo, vb);
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += shfl_xor(l[h], 1);
+            l[h] += shfl_xor(l[h], 2);
+            if (rows[h] >= tq) continue;
+            const u64 row = bh * tq + rows[h];
+            T* out = (T*)p.out + row * D;
+            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) {
+                st(out, nt * 8 + tig * 2, o[nt][2 * h] * inv);
+                st(out, nt * 8 + tig * 2 + 1, o[nt][2 * h + 1] * inv);
+            }
+            if (tig == 0) {
+                ((float*)p.lse)[row] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -inf_f();
+            }
+        }
+    }
+}
+#endif
+
 #if defined(DQ)
 // A thread per query row: delta_i (written for the key kernels), then
 // dq_i = sum_j scale * P_ij (dP_ij - delta_i) k_j with P_ij = exp(s_ij - lse_i) and

@@ -123,12 +123,18 @@ KERNEL __launch_bounds__(1024) void reduce_cols(const Params p) {
     const u32 tx = threadIdx.x % 32, ty = threadIdx.x / 32, lanes = blockDim.x / 32;
     const IDX n = (IDX)p.row_len;
     const u64 groups = (p.rows + 31) / 32;
-    for (u64 g = block_index(); g < groups; g += block_count()) {
+    // Blocks take (group, chunk) pairs: with few groups, the reduced extent is split into
+    // `chunks` of `chunk` elements whose partials (PARTIAL) a second launch combines.
+    for (u64 gc = block_index(); gc < groups * p.chunks; gc += block_count()) {
+        const u64 g = gc % groups, c = gc / groups;
         const u64 o = g * 32 + tx;
+        const IDX begin = (IDX)(c * p.chunk);
+        const u64 stop = (c + 1) * p.chunk;
+        const IDX end = stop < (u64)n ? (IDX)stop : n;
         float acc = init();
         if (o < p.rows) {
             const IDX base = kept_offset(p, o);
-            for (IDX r = ty; r < n; r += lanes) acc = combine(acc, ld(X, base + reduced_offset(p, r)));
+            for (IDX r = begin + ty; r < end; r += lanes) acc = combine(acc, ld(X, base + reduced_offset(p, r)));
         }
         part[threadIdx.x] = acc;
         __syncthreads();
@@ -136,7 +142,7 @@ KERNEL __launch_bounds__(1024) void reduce_cols(const Params p) {
             if (ty < s) part[threadIdx.x] = combine(part[threadIdx.x], part[threadIdx.x + s * 32]);
             __syncthreads();
         }
-        if (ty == 0 && o < p.rows) st(OUT, o, finish(p, part[tx]));
+        if (ty == 0 && o < p.rows) st(OUT, c * p.rows + o, finish(p, part[tx]));
         __syncthreads();
     }
 }

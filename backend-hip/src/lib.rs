@@ -17,7 +17,9 @@
 //!
 //! Status: on NVIDIA every catalog op runs, forward and backward, in f32, f16 and bf16, and
 //! matches the CPU in the conformance suite on an H100 (`benches/README.md` has the speed).
-//! Attention runs on CUDA cores, not yet tensor cores; there is no graph capture (replay) yet.
+//! The attention forward runs on tensor cores for 16-bit data with head dims up to 128
+//! (`mma.sync`, NVIDIA only), everything else on CUDA cores; the attention backward is the
+//! largest cost left in bf16 training. There is no graph capture (replay) yet.
 //! On AMD every kernel compiles with hiprtc for `gfx90a` (wave64) and `gfx1030` (wave32) in
 //! the tests, without a GPU; the runtime (`driver/amd.rs`) is written against the HIP
 //! runtime's API but no AMD GPU has run it, and matmuls there say `Unsupported` until

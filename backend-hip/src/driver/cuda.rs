@@ -44,6 +44,13 @@ pub(crate) fn missing() -> Vec<&'static str> {
         .clone()
 }
 
+/// Whether NVRTC can be loaded (compiling needs no GPU).
+#[cfg(test)]
+pub(crate) fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen NVRTC's candidate names.
+    unsafe { rtc::is_culib_present() }
+}
+
 /// The NVIDIA devices present, by name; none where a library is missing or the driver
 /// reports an error.
 pub(crate) fn probe() -> Vec<String> {
@@ -55,6 +62,66 @@ pub(crate) fn probe() -> Vec<String> {
         .filter_map(|i| result::device::get(i).ok())
         .map(|dev| result::device::get_name(dev).unwrap_or_else(|_| "NVIDIA GPU".into()))
         .collect()
+}
+
+/// Compiles HIP C++ `source` with NVRTC into a cubin for `arch` (`sm_90a`); the error is the
+/// compiler's log. Needs NVRTC, not a GPU.
+pub(crate) fn compile(
+    source: &str,
+    name: &str,
+    arch: &str,
+) -> std::result::Result<Vec<u8>, String> {
+    let src = CString::new(source).map_err(|e| e.to_string())?;
+    let file = CString::new(format!("{name}.hip")).map_err(|e| e.to_string())?;
+    let options: Vec<CString> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+        "-DTESSERA_NVIDIA=1".into(),
+        "-DWARP_SIZE=32".into(),
+        // The prelude's helpers go unused in most kernels.
+        "--diag-suppress=177".into(),
+    ]
+    .into_iter()
+    .map(|o| CString::new(o).expect("options have no NUL"))
+    .collect();
+    let option_ptrs: Vec<*const std::ffi::c_char> = options.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: rtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: NVRTC reads the NUL-terminated strings above and writes its program handle,
+    // which is destroyed before returning; the log and cubin are copied into buffers of
+    // the sizes NVRTC reports.
+    unsafe {
+        let created = rtc::nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            file.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        );
+        if created != rtc::nvrtcResult::NVRTC_SUCCESS {
+            return Err(format!("nvrtcCreateProgram: {created:?}"));
+        }
+        let compiled =
+            rtc::nvrtcCompileProgram(prog, option_ptrs.len() as i32, option_ptrs.as_ptr());
+        let out = if compiled == rtc::nvrtcResult::NVRTC_SUCCESS {
+            let mut size = 0usize;
+            rtc::nvrtcGetCUBINSize(prog, &mut size);
+            let mut cubin = vec![0u8; size];
+            rtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char);
+            Ok(cubin)
+        } else {
+            let mut size = 0usize;
+            rtc::nvrtcGetProgramLogSize(prog, &mut size);
+            let mut log = vec![0u8; size];
+            rtc::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut std::ffi::c_char);
+            Err(String::from_utf8_lossy(&log)
+                .trim_end_matches('\0')
+                .to_string())
+        };
+        rtc::nvrtcDestroyProgram(&mut prog);
+        out
+    }
 }
 
 /// cuBLASLt's plan for one GEMM shape: descriptors and the algorithm its heuristic chose.
@@ -453,58 +520,7 @@ impl Driver for CudaDriver {
     }
 
     fn compile(&self, source: &str, name: &str) -> std::result::Result<Vec<u8>, String> {
-        let src = CString::new(source).map_err(|e| e.to_string())?;
-        let file = CString::new(format!("{name}.hip")).map_err(|e| e.to_string())?;
-        let options: Vec<CString> = [
-            format!("--gpu-architecture={}", self.arch),
-            "--std=c++17".into(),
-            "-default-device".into(),
-            "-DTESSERA_NVIDIA=1".into(),
-            "-DWARP_SIZE=32".into(),
-            // The prelude's helpers go unused in most kernels.
-            "--diag-suppress=177".into(),
-        ]
-        .into_iter()
-        .map(|o| CString::new(o).expect("options have no NUL"))
-        .collect();
-        let option_ptrs: Vec<*const std::ffi::c_char> =
-            options.iter().map(|o| o.as_ptr()).collect();
-        let mut prog: rtc::nvrtcProgram = std::ptr::null_mut();
-        // SAFETY: NVRTC reads the NUL-terminated strings above and writes its program handle,
-        // which is destroyed before returning; the log and cubin are copied into buffers of
-        // the sizes NVRTC reports.
-        unsafe {
-            let created = rtc::nvrtcCreateProgram(
-                &mut prog,
-                src.as_ptr(),
-                file.as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-            );
-            if created != rtc::nvrtcResult::NVRTC_SUCCESS {
-                return Err(format!("nvrtcCreateProgram: {created:?}"));
-            }
-            let compiled =
-                rtc::nvrtcCompileProgram(prog, option_ptrs.len() as i32, option_ptrs.as_ptr());
-            let out = if compiled == rtc::nvrtcResult::NVRTC_SUCCESS {
-                let mut size = 0usize;
-                rtc::nvrtcGetCUBINSize(prog, &mut size);
-                let mut cubin = vec![0u8; size];
-                rtc::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char);
-                Ok(cubin)
-            } else {
-                let mut size = 0usize;
-                rtc::nvrtcGetProgramLogSize(prog, &mut size);
-                let mut log = vec![0u8; size];
-                rtc::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut std::ffi::c_char);
-                Err(String::from_utf8_lossy(&log)
-                    .trim_end_matches('\0')
-                    .to_string())
-            };
-            rtc::nvrtcDestroyProgram(&mut prog);
-            out
-        }
+        compile(source, name, &self.arch)
     }
 
     fn load(&self, image: &[u8], entry: &str) -> Result<Function> {

@@ -95,6 +95,52 @@ fn attn_source(entry: &str, dtype: DType, kd: usize, vd: usize) -> Source {
         .define("DELTA_SUM", if dtype == DType::F32 { "0" } else { "1" })
 }
 
+/// The tensor-core forward kernel (NVIDIA only) for 16-bit data of `dtype` and head dim `d`.
+fn forward_mma_source(dtype: DType, d: usize) -> Source {
+    Source::new::<AttnParams>(SRC, "forward_mma")
+        .define("FORWARD_MMA", "1")
+        .define("T", cxx_type(dtype))
+        .define("KD", d.to_string())
+        .define("VD", d.to_string())
+        .define("D", d.to_string())
+        .define("MMA_BF16", if dtype == DType::BF16 { "1" } else { "0" })
+        // The file's shared helpers name the row kernels' sizes.
+        .define("ROWS", "128")
+        .define("TILE", "64")
+}
+
+/// Shared memory of the tensor-core forward kernel: query, key and value tiles of 64 rows of
+/// `d + 8` 16-bit values.
+fn forward_mma_shared_bytes(d: usize) -> u32 {
+    (3 * 64 * (d + 8) * 2) as u32
+}
+
+/// Whether the tensor-core forward kernel runs this launch: NVIDIA, 16-bit data, equal query
+/// and value head dims that are a multiple of 16 up to 128, at least 16 query rows (decoding's
+/// single rows stay on the row kernel), and operands on 16-byte boundaries (it moves 8
+/// values at a time).
+fn forward_mma_fits(gpu: &Gpu, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<bool> {
+    let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
+    let (d, vd, tq) = (q.layout.shape[3], v.layout.shape[3], q.layout.shape[2]);
+    let shape_fits = gpu.backend() == "cuda"
+        && matches!(q.dtype, DType::F16 | DType::BF16)
+        && d == vd
+        && d % 16 == 0
+        && (16..=128).contains(&d)
+        && tq >= 16;
+    if !shape_fits {
+        return Ok(false);
+    }
+    let strides = [k, v]
+        .iter()
+        .all(|t| t.layout.strides[0] % 8 == 0 && t.layout.strides[1] % 8 == 0);
+    let mut aligned = strides;
+    for t in [q, k, v, out] {
+        aligned &= gpu.ptr(t)? % 16 == 0;
+    }
+    Ok(aligned)
+}
+
 fn rotary_source(dtype: DType, index: &str) -> Source {
     Source::new::<RotaryParams>(SRC, "rotary")
         .define("ROTARY", "1")
@@ -109,10 +155,16 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
     let heads = [(64, 64), (80, 80), (128, 96), (256, 256), (8, 0)];
     match op {
         Op::Rotary => vec![rotary_source(dtype, "u32"), rotary_source(dtype, "u64")],
-        Op::Attention { .. } => heads
-            .iter()
-            .map(|&(kd, vd)| attn_source("forward", dtype, kd, vd))
-            .collect(),
+        Op::Attention { .. } => {
+            let mut sources: Vec<Source> = heads
+                .iter()
+                .map(|&(kd, vd)| attn_source("forward", dtype, kd, vd))
+                .collect();
+            if dtype != DType::F32 {
+                sources.extend([64, 128].map(|d| forward_mma_source(dtype, d)));
+            }
+            sources
+        }
         Op::AttentionBackward { .. } => heads
             .iter()
             .flat_map(|&(kd, vd)| ["dq", "dk", "dv"].map(|entry| attn_source(entry, dtype, kd, vd)))
@@ -221,6 +273,13 @@ fn attention(
         }
         params.out = gpu.ptr(&outputs[0])?;
         params.lse = gpu.ptr(&outputs[1])?;
+        if forward_mma_fits(gpu, inputs, &outputs[0])? {
+            let blocks = b * hq * tq.div_ceil(64);
+            let key = format!("attn_forward_mma:{dtype}:{kd}");
+            let source = || Ok(forward_mma_source(dtype, kd));
+            let grid = rows_grid(blocks, 128, forward_mma_shared_bytes(kd));
+            return gpu.run(&key, source, grid, &params);
+        }
         return run("forward", query_blocks, &params);
     }
     params.out = gpu.ptr(&inputs[3])?;

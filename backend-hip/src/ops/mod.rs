@@ -141,7 +141,9 @@ mod tests {
     use tessera_core::ops::catalog_allows;
     use tessera_core::{DType, Op};
 
-    use crate::driver::amd;
+    use super::Source;
+
+    use crate::driver::{amd, cuda};
 
     /// Input dtypes for `op` with float data of `float`: index inputs as i32, masks as bool.
     fn sample_dtypes(op: &Op, float: DType) -> Vec<DType> {
@@ -184,22 +186,8 @@ mod tests {
         }
     }
 
-    /// Every kernel of every catalog op in f32, f16 and bf16, compiled with hiprtc for a
-    /// wave64 (CDNA, `gfx90a`) and a wave32 (RDNA, `gfx1030`) architecture: an AMD compile
-    /// error fails here, without an AMD GPU. (RDNA 3's `gfx1100` would be the newer wave32
-    /// target, but Debian's ROCm 5.2 hiprtc predates it and aborts.) Needs Debian's `libamdhip64-5` (hiprtc) and `rocm-device-libs`;
-    /// where they are absent the test says so and checks nothing, unless
-    /// `TESSERA_REQUIRE_HIPRTC` is set (CI sets it), which makes their absence a failure.
-    #[test]
-    fn every_kernel_compiles_for_amd() {
-        if let Some(lib) = amd::missing() {
-            assert!(
-                std::env::var_os("TESSERA_REQUIRE_HIPRTC").is_none(),
-                "{lib} is missing and TESSERA_REQUIRE_HIPRTC is set"
-            );
-            eprintln!("skipped: {lib} is not installed, so no AMD compile was checked");
-            return;
-        }
+    /// The kernels of every catalog op in f32, f16 and bf16, without repeats.
+    fn every_kernel() -> Vec<Source> {
         let mut sources = Vec::new();
         for op in Op::catalog() {
             for float in [DType::F32, DType::F16, DType::BF16] {
@@ -211,11 +199,18 @@ mod tests {
         }
         let mut seen = std::collections::HashSet::new();
         sources.retain(|s| seen.insert(s.text()));
+        sources
+    }
+
+    /// Compiles every kernel for each of `archs` with `compile`, the machine's cores sharing
+    /// the list (hiprtc takes them one at a time: `amd::compile`), and fails with every
+    /// compiler log.
+    fn compile_all(archs: &[&str], compile: fn(&str, &str, &str) -> Result<Vec<u8>, String>) {
+        let sources = every_kernel();
         assert!(!sources.is_empty());
-        // hiprtc compiles one program per call: the machine's cores share the list.
-        let jobs: Vec<(&str, &super::Source)> = ["gfx90a", "gfx1030"]
-            .into_iter()
-            .flat_map(|arch| sources.iter().map(move |s| (arch, s)))
+        let jobs: Vec<(&str, &Source)> = archs
+            .iter()
+            .flat_map(|&arch| sources.iter().map(move |s| (arch, s)))
             .collect();
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let failures: Vec<String> = std::thread::scope(|scope| {
@@ -227,7 +222,7 @@ mod tests {
                             .skip(w)
                             .step_by(workers)
                             .filter_map(|(arch, source)| {
-                                amd::compile(&source.text(), source.entry, arch)
+                                compile(&source.text(), source.entry, arch)
                                     .err()
                                     .map(|log| format!("{arch} {}:\n{log}", source.entry))
                             })
@@ -247,8 +242,40 @@ mod tests {
             failures.is_empty(),
             "{} of {} kernels failed:\n{}",
             failures.len(),
-            sources.len() * 2,
+            jobs.len(),
             failures.join("\n")
         );
+    }
+
+    /// Every kernel of every catalog op in f32, f16 and bf16, compiled with hiprtc for a
+    /// wave64 (CDNA, `gfx90a`) and a wave32 (RDNA, `gfx1030`) architecture: an AMD compile
+    /// error fails here, without an AMD GPU. (RDNA 3's `gfx1100` would be the newer wave32
+    /// target, but Debian's ROCm 5.2 hiprtc predates it and aborts.) Needs Debian's
+    /// `libamdhip64-5` (hiprtc) and `rocm-device-libs`; where they are absent the test says so
+    /// and checks nothing, unless `TESSERA_REQUIRE_HIPRTC` is set (CI sets it), which makes
+    /// their absence a failure.
+    #[test]
+    fn every_kernel_compiles_for_amd() {
+        if let Some(lib) = amd::missing() {
+            assert!(
+                std::env::var_os("TESSERA_REQUIRE_HIPRTC").is_none(),
+                "{lib} is missing and TESSERA_REQUIRE_HIPRTC is set"
+            );
+            eprintln!("skipped: {lib} is not installed, so no AMD compile was checked");
+            return;
+        }
+        compile_all(&["gfx90a", "gfx1030"], amd::compile);
+    }
+
+    /// The same kernels, and the NVIDIA-only tensor-core ones, compiled with NVRTC for the
+    /// H100 (`sm_90a`), where NVRTC is installed (it needs no GPU); elsewhere the test says it
+    /// checked nothing.
+    #[test]
+    fn every_kernel_compiles_for_nvidia() {
+        if !cuda::nvrtc_present() {
+            eprintln!("skipped: NVRTC is not installed, so no NVIDIA compile was checked");
+            return;
+        }
+        compile_all(&["sm_90a"], cuda::compile);
     }
 }

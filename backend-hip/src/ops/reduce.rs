@@ -24,6 +24,8 @@ const BLOCK: u32 = 256;
 const CHUNK_MIN: usize = 8192;
 /// Blocks a split reduction aims for, enough to fill a large GPU.
 const SPLIT_BLOCKS: usize = 512;
+/// Reduced elements per chunk below which a column reduction is not split.
+const CHUNK_COLS: usize = 256;
 
 hip_params! {
     /// Every reduce kernel's parameters. `ptrs`: input, second input (softmax backward's
@@ -241,14 +243,49 @@ fn reduce(
         } else {
             32
         };
-        return run(
-            "reduce_cols",
-            false,
-            ti,
-            to,
-            rows_grid(groups, 32 * lanes, 0),
-            &params,
-        );
+        // Few groups of columns (a bias gradient: 768 columns over 8192 rows is 24 blocks)
+        // would leave most of a large GPU idle: the reduced extent splits into chunks.
+        let chunks = (SPLIT_BLOCKS / groups).min(len / CHUNK_COLS);
+        if chunks < 2 {
+            return run(
+                "reduce_cols",
+                false,
+                ti,
+                to,
+                rows_grid(groups, 32 * lanes, 0),
+                &params,
+            );
+        }
+        let chunk = len.div_ceil(chunks);
+        let chunks = len.div_ceil(chunk);
+        let scratch = gpu.alloc(rows * chunks * 4)?;
+        let partials = crate::memory::buffer_address(gpu.backend(), &scratch)?;
+        let first = ReduceParams {
+            ptrs: [params.ptrs[0], 0, partials],
+            chunk: chunk as u64,
+            chunks: chunks as u64,
+            ..params
+        };
+        let grid = rows_grid(groups * chunks, 32 * lanes, 0);
+        run("reduce_cols", true, ti, DType::F32, grid, &first)?;
+        // The partials lie [chunks, rows]: a reduction over their outer axis.
+        let mut second = ReduceParams {
+            ptrs: [partials, 0, params.ptrs[2]],
+            rows: rows as u64,
+            row_len: chunks as u64,
+            count: len as u64,
+            chunk: chunks as u64,
+            chunks: 1,
+            kept_rank: 1,
+            reduced_rank: 1,
+            ..ReduceParams::default()
+        };
+        second.kept_shape[0] = rows as u64;
+        second.kept_strides[0] = 1;
+        second.reduced_shape[0] = chunks as u64;
+        second.reduced_strides[0] = rows as u64;
+        let grid = rows_grid(groups, 32 * lanes, 0);
+        return run("reduce_cols", false, DType::F32, to, grid, &second);
     }
     let chunks = (len / CHUNK_MIN).min(SPLIT_BLOCKS / rows);
     if chunks < 2 {

@@ -18,7 +18,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use libloading::Library;
 use tessera_core::{Error, PendingBytes, ReadyBytes, Result};
 
-use super::{driver_error, DevicePtr, Driver, Event, Function, Gemm, Grid};
+use super::{driver_error, param_words, DevicePtr, Driver, Event, Function, Gemm, Grid};
 
 const BACKEND: &str = "hip";
 
@@ -433,12 +433,7 @@ impl Driver for AmdDriver {
 
     fn launch(&self, function: Function, grid: Grid, params: &[u8]) -> Result<()> {
         self.bind()?;
-        let mut words = vec![0u64; params.len().div_ceil(8)];
-        for (word, chunk) in words.iter_mut().zip(params.chunks(8)) {
-            let mut bytes = [0u8; 8];
-            bytes[..chunk.len()].copy_from_slice(chunk);
-            *word = u64::from_ne_bytes(bytes);
-        }
+        let mut words = param_words(params);
         let mut args = [words.as_mut_ptr() as *mut c_void];
         // SAFETY: as on NVIDIA: the function's one parameter is the struct these bytes
         // encode, copied by the runtime before returning.

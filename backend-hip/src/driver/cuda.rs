@@ -14,7 +14,7 @@ use cudarc::driver::{result, sys};
 use cudarc::nvrtc::sys as rtc;
 use tessera_core::{DType, Error, PendingBytes, Result};
 
-use super::{driver_error, DevicePtr, Driver, Event, Function, Gemm, Grid};
+use super::{driver_error, param_words, DevicePtr, Driver, Event, Function, Gemm, Grid};
 
 const BACKEND: &str = "cuda";
 
@@ -549,14 +549,7 @@ impl Driver for CudaDriver {
 
     fn launch(&self, function: Function, grid: Grid, params: &[u8]) -> Result<()> {
         self.bind()?;
-        // The kernel's one argument is its parameter struct, passed by value from these bytes
-        // (8-byte aligned storage).
-        let mut words = vec![0u64; params.len().div_ceil(8)];
-        for (word, chunk) in words.iter_mut().zip(params.chunks(8)) {
-            let mut bytes = [0u8; 8];
-            bytes[..chunk.len()].copy_from_slice(chunk);
-            *word = u64::from_ne_bytes(bytes);
-        }
+        let mut words = param_words(params);
         let mut args = [words.as_mut_ptr() as *mut c_void];
         // SAFETY: `function` came from `load` on this driver; its one parameter is the struct
         // these bytes encode (the planners build both from one declaration); the driver copies

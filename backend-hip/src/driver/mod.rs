@@ -95,6 +95,19 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn synchronize(&self) -> Result<()>;
 }
 
+/// A kernel's parameter bytes as 8-byte-aligned words, for the launch call's one argument
+/// (the struct, passed by value).
+pub(crate) fn param_words(params: &[u8]) -> Vec<u64> {
+    params
+        .chunks(8)
+        .map(|chunk| {
+            let mut bytes = [0u8; 8];
+            bytes[..chunk.len()].copy_from_slice(chunk);
+            u64::from_ne_bytes(bytes)
+        })
+        .collect()
+}
+
 /// An error of `backend`'s driver in `what`.
 pub(crate) fn driver_error(backend: &str, what: &str, detail: impl std::fmt::Display) -> Error {
     Error::Backend {

@@ -269,21 +269,7 @@ fn reduce(
         let grid = rows_grid(groups * chunks, 32 * lanes, 0);
         run("reduce_cols", true, ti, DType::F32, grid, &first)?;
         // The partials lie [chunks, rows]: a reduction over their outer axis.
-        let mut second = ReduceParams {
-            ptrs: [partials, 0, params.ptrs[2]],
-            rows: rows as u64,
-            row_len: chunks as u64,
-            count: len as u64,
-            chunk: chunks as u64,
-            chunks: 1,
-            kept_rank: 1,
-            reduced_rank: 1,
-            ..ReduceParams::default()
-        };
-        second.kept_shape[0] = rows as u64;
-        second.kept_strides[0] = 1;
-        second.reduced_shape[0] = chunks as u64;
-        second.reduced_strides[0] = rows as u64;
+        let second = partials_params(partials, params.ptrs[2], rows, chunks, len, (1, rows));
         let grid = rows_grid(groups, 32 * lanes, 0);
         return run("reduce_cols", false, DType::F32, to, grid, &second);
     }
@@ -317,8 +303,31 @@ fn reduce(
         rows_grid(rows * chunks, BLOCK, 0),
         &first,
     )?;
-    let mut second = ReduceParams {
-        ptrs: [partials, 0, params.ptrs[2]],
+    // The partials lie [rows, chunks].
+    let second = partials_params(partials, params.ptrs[2], rows, chunks, len, (chunks, 1));
+    run(
+        "reduce_block",
+        false,
+        DType::F32,
+        to,
+        rows_grid(rows, BLOCK, 0),
+        &second,
+    )
+}
+
+/// The parameters of a second pass that combines `chunks` f32 partials of each of `rows`
+/// outputs (at `partials`, with `(kept, reduced)` element strides) into `out`, for
+/// reductions of `len` elements.
+fn partials_params(
+    partials: u64,
+    out: u64,
+    rows: usize,
+    chunks: usize,
+    len: usize,
+    (kept, reduced): (usize, usize),
+) -> ReduceParams {
+    let mut params = ReduceParams {
+        ptrs: [partials, 0, out],
         rows: rows as u64,
         row_len: chunks as u64,
         count: len as u64,
@@ -328,18 +337,11 @@ fn reduce(
         reduced_rank: 1,
         ..ReduceParams::default()
     };
-    second.kept_shape[0] = rows as u64;
-    second.kept_strides[0] = chunks as u64;
-    second.reduced_shape[0] = chunks as u64;
-    second.reduced_strides[0] = 1;
-    run(
-        "reduce_block",
-        false,
-        DType::F32,
-        to,
-        rows_grid(rows, BLOCK, 0),
-        &second,
-    )
+    params.kept_shape[0] = rows as u64;
+    params.kept_strides[0] = kept as u64;
+    params.reduced_shape[0] = chunks as u64;
+    params.reduced_strides[0] = reduced as u64;
+    params
 }
 
 fn argmax(gpu: &Gpu, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>, axis: usize) -> Result<()> {

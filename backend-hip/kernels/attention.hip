@@ -147,16 +147,18 @@ UNROLL
 }
 #endif
 
-#if defined(FORWARD_MMA) && defined(TESSERA_NVIDIA)
-// The forward pass on NVIDIA's tensor cores, for 16-bit data and equal query and value head
-// dims D (a multiple of 16, at most 128): four warps per block, 16 query rows each, keys in
-// tiles of 64; S = Q K^T and O += P V as m16n8k16 MMAs with f32 accumulators, the online
-// softmax in registers (base-2 exponentials of scores pre-scaled by log2 e), P carried into
-// its MMA as two 16-bit parts (`split2`). Tiles sit in dynamic shared memory, rows
-// padded by 8 elements against bank conflicts. Defines: D, MMA_BF16 (1: bf16, 0: f16).
+#if defined(MMA) && defined(TESSERA_NVIDIA)
+// Attention on NVIDIA's tensor cores, for 16-bit data and equal query and value head dims D
+// (a multiple of 16, at most 128): four warps per block, 16 rows each, the other side in
+// tiles of 64 rows; every product is an m16n8k16 MMA with f32 accumulators, exponentials are
+// base 2 of scores pre-scaled by log2 e, and probabilities (and their gradients) go into an
+// MMA as two 16-bit parts (`split2`). Tiles sit in dynamic shared memory, rows padded by 8
+// elements against bank conflicts. Defines: D, MMA_BF16 (1: bf16, 0: f16), and one of
+// FORWARD_MMA, DQ_MMA, DKV_MMA.
 #define BQ 64
 #define BK 64
 #define DP (D + 8)
+#define LOG2E 1.4426950408889634f
 
 DEV void mma16816(float* c, const u32* a, const u32* b) {
 #if MMA_BF16
@@ -220,6 +222,89 @@ DEV void load_tile(u16* tile, const u16* rows, u32 first, u32 count) {
     }
 }
 
+// Fragments of m16n8k16 operands from padded tiles (lane = 4 * gid + tig). `a_frag`: the A
+// operand, rows `r0..r0 + 16` and columns `16 kk..16 kk + 16` of a row-major tile.
+// `b_frag_t`: the B operand (k x n) where the tile holds it transposed (row n, column k: Q or
+// K rows against which scores are formed). `b_frag`: the B operand where the tile holds it as
+// is (row k, column n: values or gradients summed over rows).
+DEV void a_frag(u32* a, const u16* tile, u32 r0, int kk, u32 gid, u32 tig) {
+    const u16* lo = tile + (r0 + gid) * DP + kk * 16 + tig * 2;
+    const u16* hi = lo + 8 * DP;
+    a[0] = *(const u32*)lo;
+    a[1] = *(const u32*)hi;
+    a[2] = *(const u32*)(lo + 8);
+    a[3] = *(const u32*)(hi + 8);
+}
+DEV void b_frag_t(u32* b, const u16* tile, u32 n0, int kk, u32 gid, u32 tig) {
+    const u16* r = tile + (n0 + gid) * DP + kk * 16 + tig * 2;
+    b[0] = *(const u32*)r;
+    b[1] = *(const u32*)(r + 8);
+}
+DEV void b_frag(u32* b, const u16* tile, u32 k0, u32 n0, u32 gid, u32 tig) {
+    const u16* c = tile + (k0 + tig * 2) * DP + n0 + gid;
+    b[0] = (u32)c[0] | ((u32)c[DP] << 16);
+    b[1] = (u32)c[8 * DP] | ((u32)c[9 * DP] << 16);
+}
+
+// acc[nt] += X Y over 64 rows of the k dimension, where X (16 x 64) is held as C fragments
+// `x[8][4]` (the layout an MMA leaves, which is the A layout of the next) and Y is a padded
+// tile with rows k and D columns: the step shared by O += P V, dV += P^T dO, dK += dS^T Q and
+// dQ += dS K. X goes in as two 16-bit parts.
+DEV void accumulate_product(float (*acc)[4], float (*x)[4], const u16* tile, u32 gid, u32 tig) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        u32 hi[4], lo[4];
+        split2(x[2 * kk][0], x[2 * kk][1], hi[0], lo[0]);
+        split2(x[2 * kk][2], x[2 * kk][3], hi[1], lo[1]);
+        split2(x[2 * kk + 1][0], x[2 * kk + 1][1], hi[2], lo[2]);
+        split2(x[2 * kk + 1][2], x[2 * kk + 1][3], hi[3], lo[3]);
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            u32 b[2];
+            b_frag(b, tile, kk * 16, nt * 8, gid, tig);
+            mma16816(acc[nt], hi, b);
+            mma16816(acc[nt], lo, b);
+        }
+    }
+}
+
+// s[8][4] = A B^T for 16 rows `r0..` of tile `a` against 64 rows of tile `b` (both D wide).
+DEV void scores(float (*s)[4], const u16* a, u32 r0, const u16* b, u32 gid, u32 tig) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        u32 af[4];
+        a_frag(af, a, r0, kk, gid, tig);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            u32 bf[2];
+            b_frag_t(bf, b, j * 8, kk, gid, tig);
+            mma16816(s[j], af, bf);
+        }
+    }
+}
+
+// Stores rows of a warp's C fragments `acc[D / 8][4]` times `mul`: row `r0 + gid + 8 h` of
+// `out` (D wide) for h = 0, 1 where that row is below `count`.
+DEV void store_rows(T* out, float (*acc)[4], float mul, u32 r0, u32 count, u32 gid, u32 tig) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 r = r0 + gid + 8 * h;
+        if (r >= count) continue;
+        T* row = out + (u64)r * D;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            st(row, nt * 8 + tig * 2, acc[nt][2 * h] * mul);
+            st(row, nt * 8 + tig * 2 + 1, acc[nt][2 * h + 1] * mul);
+        }
+    }
+}
+
+#if defined(FORWARD_MMA)
+// O = softmax(scale Q K^T) V with the online softmax in registers: per 64-key tile the
+// scores, the running maximum and sum per row (a row's 64 scores sit in the 4 lanes of a
+// quad), then O += P V.
 KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
     extern __shared__ uint4 smem_words[];
     u16* qs = (u16*)smem_words;
@@ -230,7 +315,7 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
     const u32 group = p.heads / p.kv_heads;
     const u64 total = (u64)p.batch * p.heads * blocks;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-    const float scale2 = p.scale * 1.4426950408889634f;
+    const float scale2 = p.scale * LOG2E;
     for (u64 t = block_index(); t < total; t += block_count()) {
         const u64 bh = t / blocks;
         const u32 i0 = (u32)(t % blocks) * BQ;
@@ -239,22 +324,10 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
         const u16* vh = (const u16*)v_head(p, b, g);
         __syncthreads();
         load_tile(qs, (const u16*)p.q + bh * tq * D, i0, tq);
-        __syncthreads();
-        const u32 r0 = warp * 16 + gid;
-        u32 qa[D / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const u16* lo = qs + r0 * DP + kk * 16 + tig * 2;
-            const u16* hi = lo + 8 * DP;
-            qa[kk][0] = *(const u32*)lo;
-            qa[kk][1] = *(const u32*)hi;
-            qa[kk][2] = *(const u32*)(lo + 8);
-            qa[kk][3] = *(const u32*)(hi + 8);
-        }
         float o[D / 8][4];
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-        const u32 rows[2] = {i0 + r0, i0 + r0 + 8};
+        const u32 rows[2] = {i0 + warp * 16 + gid, i0 + warp * 16 + gid + 8};
         const u32 lim[2] = {rows[0] < tq ? visible(p, rows[0]) : 0u,
                             rows[1] < tq ? visible(p, rows[1]) : 0u};
         float m[2] = {-inf_f(), -inf_f()}, l[2] = {0.0f, 0.0f};
@@ -266,16 +339,7 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
             load_tile(vs, vh, j0, p.k_len);
             __syncthreads();
             float s[BK / 8][4];
-#pragma unroll
-            for (int j = 0; j < BK / 8; ++j) {
-                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk) {
-                    const u16* kr = ks + (j * 8 + gid) * DP + kk * 16 + tig * 2;
-                    const u32 kb[2] = {*(const u32*)kr, *(const u32*)(kr + 8)};
-                    mma16816(s[j], qa[kk], kb);
-                }
-            }
+            scores(s, qs, warp * 16, ks, gid, tig);
             float mx[2] = {m[0], m[1]};
 #pragma unroll
             for (int j = 0; j < BK / 8; ++j) {
@@ -313,43 +377,180 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
                 o[nt][2] *= corr[1];
                 o[nt][3] *= corr[1];
             }
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {
-                u32 hi[4], lo[4];
-                split2(s[2 * kk][0], s[2 * kk][1], hi[0], lo[0]);
-                split2(s[2 * kk][2], s[2 * kk][3], hi[1], lo[1]);
-                split2(s[2 * kk + 1][0], s[2 * kk + 1][1], hi[2], lo[2]);
-                split2(s[2 * kk + 1][2], s[2 * kk + 1][3], hi[3], lo[3]);
-                const u16* v0 = vs + (kk * 16 + tig * 2) * DP + gid;
-#pragma unroll
-                for (int nt = 0; nt < D / 8; ++nt) {
-                    const u16* vc = v0 + nt * 8;
-                    const u32 vb[2] = {(u32)vc[0] | ((u32)vc[DP] << 16),
-                                       (u32)vc[8 * DP] | ((u32)vc[9 * DP] << 16)};
-                    mma16816(o[nt], hi, vb);
-                    mma16816(o[nt], lo, vb);
-                }
-            }
+            accumulate_product(o, s, vs, gid, tig);
         }
+        float inv[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             l[h] += shfl_xor(l[h], 1);
             l[h] += shfl_xor(l[h], 2);
-            if (rows[h] >= tq) continue;
-            const u64 row = bh * tq + rows[h];
-            T* out = (T*)p.out + row * D;
-            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                st(out, nt * 8 + tig * 2, o[nt][2 * h] * inv);
-                st(out, nt * 8 + tig * 2 + 1, o[nt][2 * h + 1] * inv);
-            }
-            if (tig == 0) {
-                ((float*)p.lse)[row] = l[h] > 0.0f ? (m[h] + log2f(l[h])) * 0.6931471805599453f : -inf_f();
+            inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            if (rows[h] < tq && tig == 0) {
+                ((float*)p.lse)[bh * tq + rows[h]] =
+                    l[h] > 0.0f ? (m[h] + log2f(l[h])) / LOG2E : -inf_f();
             }
         }
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            o[nt][0] *= inv[0];
+            o[nt][1] *= inv[0];
+            o[nt][2] *= inv[1];
+            o[nt][3] *= inv[1];
+        }
+        store_rows((T*)p.out + bh * tq * D, o, 1.0f, i0 + warp * 16, tq, gid, tig);
     }
 }
+#endif
+
+#if defined(DQ_MMA)
+// dQ for 64 query rows per block: a first pass over the visible keys forms
+// delta_i = sum_j P_ij dP_ij (from the f32 products, not from the 16-bit `out`, whose
+// rounding would leak into every dS) and leaves it for `dkv_mma`; a second forms
+// dS = P (dP - delta) and dQ += dS K. P = exp(scale q.k - lse), dP = dout . v.
+KERNEL void __launch_bounds__(128) dq_mma(const Params p) {
+    extern __shared__ uint4 smem_words[];
+    u16* qs = (u16*)smem_words;
+    u16* gs = qs + BQ * DP;
+    u16* ks = gs + BQ * DP;
+    u16* vs = ks + BK * DP;
+    const u32 tq = p.q_len;
+    const u32 blocks = (tq + BQ - 1) / BQ;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 total = (u64)p.batch * p.heads * blocks;
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const float scale2 = p.scale * LOG2E;
+    for (u64 t = block_index(); t < total; t += block_count()) {
+        const u64 bh = t / blocks;
+        const u32 i0 = (u32)(t % blocks) * BQ;
+        const u64 b = bh / p.heads, g = (bh % p.heads) / group;
+        const u16* kh = (const u16*)k_head(p, b, g);
+        const u16* vh = (const u16*)v_head(p, b, g);
+        __syncthreads();
+        load_tile(qs, (const u16*)p.q + bh * tq * D, i0, tq);
+        load_tile(gs, (const u16*)p.dout + bh * tq * D, i0, tq);
+        const u32 rows[2] = {i0 + warp * 16 + gid, i0 + warp * 16 + gid + 8};
+        u32 lim[2];
+        float lse2[2], delta[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const bool live = rows[h] < tq;
+            lim[h] = live ? visible(p, rows[h]) : 0u;
+            lse2[h] = live ? ((const float*)p.lse)[bh * tq + rows[h]] * LOG2E : 0.0f;
+        }
+        const u32 last = (i0 + BQ < tq ? i0 + BQ : tq) - 1;
+        const u32 span = visible(p, last);
+        float acc[D / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int pass = 0; pass < 2; ++pass) {
+            for (u32 j0 = 0; j0 < span; j0 += BK) {
+                __syncthreads();
+                load_tile(ks, kh, j0, p.k_len);
+                load_tile(vs, vh, j0, p.k_len);
+                __syncthreads();
+                float s[8][4], dp[8][4];
+                scores(s, qs, warp * 16, ks, gid, tig);
+                scores(dp, gs, warp * 16, vs, gid, tig);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 col = j0 + j * 8 + tig * 2 + (e & 1);
+                        const float pj = col < lim[e / 2] ? exp2f(s[j][e] * scale2 - lse2[e / 2]) : 0.0f;
+                        if (pass == 0) {
+                            delta[e / 2] += pj * dp[j][e];
+                        } else {
+                            s[j][e] = pj * (dp[j][e] - delta[e / 2]);
+                        }
+                    }
+                }
+                if (pass == 1) accumulate_product(acc, s, ks, gid, tig);
+            }
+            if (pass == 0) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    delta[h] += shfl_xor(delta[h], 1);
+                    delta[h] += shfl_xor(delta[h], 2);
+                    if (rows[h] < tq && tig == 0) ((float*)p.delta)[bh * tq + rows[h]] = delta[h];
+                }
+            }
+        }
+        store_rows((T*)p.dq + bh * tq * D, acc, p.scale, i0 + warp * 16, tq, gid, tig);
+    }
+}
+#endif
+
+#if defined(DKV_MMA)
+// dK and dV for 64 key rows of one key/value head per block: the query rows of every head
+// of its group stream through in order, and each warp forms its 16 keys' transposed scores
+// S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q (scaled once at the
+// end), with delta from `dq_mma`.
+KERNEL void __launch_bounds__(128) dkv_mma(const Params p) {
+    extern __shared__ uint4 smem_words[];
+    u16* ks = (u16*)smem_words;
+    u16* vs = ks + BK * DP;
+    u16* qs = vs + BK * DP;
+    u16* gs = qs + BQ * DP;
+    float* lse2_col = (float*)(gs + BQ * DP);
+    float* delta_col = lse2_col + BQ;
+    const u32 tq = p.q_len, tk = p.k_len;
+    const u32 blocks = (tk + BK - 1) / BK;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 total = (u64)p.batch * p.kv_heads * blocks;
+    const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const float scale2 = p.scale * LOG2E;
+    for (u64 t = block_index(); t < total; t += block_count()) {
+        const u64 bg = t / blocks;
+        const u32 j0 = (u32)(t % blocks) * BK;
+        const u64 b = bg / p.kv_heads, g = bg % p.kv_heads;
+        __syncthreads();
+        load_tile(ks, (const u16*)k_head(p, b, g), j0, tk);
+        load_tile(vs, (const u16*)v_head(p, b, g), j0, tk);
+        // Query i sees key j when j + Tq <= i + Tk: the first query the block's keys meet.
+        const u32 first = (p.causal && j0 + tq > tk) ? j0 + tq - tk : 0;
+        const u32 keys[2] = {j0 + warp * 16 + gid, j0 + warp * 16 + gid + 8};
+        float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            dk[nt][0] = dk[nt][1] = dk[nt][2] = dk[nt][3] = 0.0f;
+            dv[nt][0] = dv[nt][1] = dv[nt][2] = dv[nt][3] = 0.0f;
+        }
+        for (u32 hh = 0; hh < group; ++hh) {
+            const u64 qrow0 = (b * p.heads + g * group + hh) * tq;
+            for (u32 i0 = first; i0 < tq; i0 += BQ) {
+                __syncthreads();
+                load_tile(qs, (const u16*)p.q + qrow0 * D, i0, tq);
+                load_tile(gs, (const u16*)p.dout + qrow0 * D, i0, tq);
+                for (u32 e = threadIdx.x; e < BQ; e += blockDim.x) {
+                    const bool live = i0 + e < tq;
+                    lse2_col[e] = live ? ((const float*)p.lse)[qrow0 + i0 + e] * LOG2E : 0.0f;
+                    delta_col[e] = live ? ((const float*)p.delta)[qrow0 + i0 + e] : 0.0f;
+                }
+                __syncthreads();
+                float s[8][4], dp[8][4];
+                scores(s, ks, warp * 16, qs, gid, tig);
+                scores(dp, vs, warp * 16, gs, gid, tig);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const u32 c = j * 8 + tig * 2 + (e & 1);
+                        const u32 i = i0 + c;
+                        const bool seen = i < tq && (!p.causal || keys[e / 2] + tq <= i + tk);
+                        const float pj = seen ? exp2f(s[j][e] * scale2 - lse2_col[c]) : 0.0f;
+                        s[j][e] = pj;
+                        dp[j][e] = pj * (dp[j][e] - delta_col[c]);
+                    }
+                }
+                accumulate_product(dv, s, gs, gid, tig);
+                accumulate_product(dk, dp, qs, gid, tig);
+            }
+        }
+        store_rows((T*)p.dk + bg * tk * D, dk, p.scale, j0 + warp * 16, tk, gid, tig);
+        store_rows((T*)p.dv + bg * tk * D, dv, 1.0f, j0 + warp * 16, tk, gid, tig);
+    }
+}
+#endif
 #endif
 
 #if defined(DQ)

@@ -135,8 +135,19 @@ struct GemmPlan {
 // `plans` lock or read-only after creation.
 unsafe impl Send for GemmPlan {}
 
-/// The GEMM shape a plan is for.
-type GemmKey = (DType, DType, [usize; 9], bool, bool, bool);
+/// The GEMM a plan is for: dtypes, sizes, transposes, whether `c` and a bias are present,
+/// and the alignment of the four pointers (the heuristic picks kernels for it).
+type GemmKey = (DType, DType, [usize; 9], bool, bool, bool, bool, [u32; 4]);
+
+/// The largest power of two up to 256 that `ptr` is a multiple of: what cuBLASLt calls a
+/// pointer's alignment.
+fn alignment(ptr: DevicePtr) -> u32 {
+    if ptr == 0 {
+        256
+    } else {
+        1u32 << ptr.trailing_zeros().min(8)
+    }
+}
 
 /// Page-locked host blocks for reads started early, reused (a read of a token per decoding
 /// step would otherwise allocate one each time). Freed with the driver.
@@ -327,6 +338,8 @@ impl CudaDriver {
             g.transpose_a,
             g.transpose_b,
             g.c.is_some(),
+            g.bias.is_some(),
+            [g.a, g.b, g.c.unwrap_or(g.d), g.d].map(alignment),
         );
         let mut plans = self.plans.lock().unwrap_or_else(PoisonError::into_inner);
         if plans.contains_key(&key) {
@@ -373,6 +386,23 @@ impl CudaDriver {
                 std::mem::size_of_val(&op_b),
             )
             .map_err(blas_err("cublasLtMatmulDescSetAttribute"))?;
+            if g.bias.is_some() {
+                let epilogue = lt_sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                    &epilogue as *const _ as *const c_void,
+                    std::mem::size_of_val(&epilogue),
+                )
+                .map_err(blas_err("cublasLtMatmulDescSetAttribute"))?;
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    &types[2] as *const _ as *const c_void,
+                    std::mem::size_of_val(&types[2]),
+                )
+                .map_err(blas_err("cublasLtMatmulDescSetAttribute"))?;
+            }
         }
         // Stored shapes (rows x cols, column-major) of a, b and d.
         let (ar, ac) = if g.transpose_a {
@@ -439,6 +469,22 @@ impl CudaDriver {
                 std::mem::size_of_val(&reduction),
             )
             .map_err(blas_err("cublasLtMatmulPreferenceSetAttribute"))?;
+            let aligned = key.7;
+            let pref_alignments = [
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+            ];
+            for (attribute, bytes) in pref_alignments.into_iter().zip(aligned) {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    attribute,
+                    &bytes as *const _ as *const c_void,
+                    std::mem::size_of_val(&bytes),
+                )
+                .map_err(blas_err("cublasLtMatmulPreferenceSetAttribute"))?;
+            }
             let h = lt::get_matmul_algo_heuristic(
                 self.blas, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref,
             );
@@ -641,8 +687,19 @@ impl Driver for CudaDriver {
         let beta = if g.c.is_some() { 1.0f32 } else { 0.0 };
         let c = g.c.unwrap_or(g.d);
         // SAFETY: the plan describes these pointers' shapes, which the caller checked lie in
-        // their buffers; the workspace is the driver's own.
+        // their buffers; the workspace is the driver's own. The bias pointer is set on the
+        // plan's descriptor under the plans' lock, which is held through the call.
         unsafe {
+            if let Some(bias) = g.bias {
+                let bias = bias as *const c_void;
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    &bias as *const _ as *const c_void,
+                    std::mem::size_of_val(&bias),
+                )
+                .map_err(|e| driver_error(BACKEND, "cublasLtMatmulDescSetAttribute", e))?;
+            }
             lt::matmul(
                 self.blas,
                 plan.desc,

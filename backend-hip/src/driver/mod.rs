@@ -53,6 +53,9 @@ pub(crate) struct Gemm {
     pub transpose_b: bool,
     /// Added to the product where present (`beta = 1`): with the same layout as `d`.
     pub c: Option<DevicePtr>,
+    /// Added to each column of `d` (one value per row of `d`, of `out_dtype`) where present,
+    /// in the BLAS's epilogue: in f32, before the one rounding to `out_dtype`.
+    pub bias: Option<DevicePtr>,
     pub d: DevicePtr,
     pub ldd: usize,
     pub stride_d: usize,

@@ -2,7 +2,10 @@
 //! runs a thread per query row with an online softmax over keys streamed through shared
 //! memory; the backward pass runs `dq` per query row (which also leaves `delta_i` for the
 //! others), then `dk` and `dv` per key row, each summing grouped query heads and rows in
-//! order: no T x T memory, no atomics, the same bits every run.
+//! order: no T x T memory, no atomics, the same bits every run. On NVIDIA, 16-bit data with
+//! head dims that are multiples of 16 up to 128 run the same passes on tensor cores
+//! (`forward_mma`; `dq_mma` then `dkv_mma`, which recompute the scores rather than add
+//! partial dQ with atomics, so they too give the same bits every run).
 
 use tessera_core::{DType, Error, Op, Result, TensorRef};
 
@@ -95,10 +98,12 @@ fn attn_source(entry: &str, dtype: DType, kd: usize, vd: usize) -> Source {
         .define("DELTA_SUM", if dtype == DType::F32 { "0" } else { "1" })
 }
 
-/// The tensor-core forward kernel (NVIDIA only) for 16-bit data of `dtype` and head dim `d`.
-fn forward_mma_source(dtype: DType, d: usize) -> Source {
-    Source::new::<AttnParams>(SRC, "forward_mma")
-        .define("FORWARD_MMA", "1")
+/// A tensor-core kernel (NVIDIA only: `forward_mma`, `dq_mma` or `dkv_mma`) for 16-bit data
+/// of `dtype` and head dim `d`.
+fn mma_source(entry: &'static str, dtype: DType, d: usize) -> Source {
+    Source::new::<AttnParams>(SRC, entry)
+        .define("MMA", "1")
+        .define(&entry.to_uppercase(), "1")
         .define("T", cxx_type(dtype))
         .define("KD", d.to_string())
         .define("VD", d.to_string())
@@ -109,25 +114,32 @@ fn forward_mma_source(dtype: DType, d: usize) -> Source {
         .define("TILE", "64")
 }
 
-/// Shared memory of the tensor-core forward kernel: query, key and value tiles of 64 rows of
-/// `d + 8` 16-bit values.
-fn forward_mma_shared_bytes(d: usize) -> u32 {
-    (3 * 64 * (d + 8) * 2) as u32
+/// Shared memory of tensor-core kernel `entry`: tiles of 64 rows of `d + 8` 16-bit values
+/// (query, key and value for the forward; query, output gradient, key and value for the
+/// backward), and for `dkv_mma` two statistics per query row.
+fn mma_shared_bytes(entry: &str, d: usize) -> u32 {
+    let tile = 64 * (d + 8) * 2;
+    match entry {
+        "forward_mma" => (3 * tile) as u32,
+        "dq_mma" => (4 * tile) as u32,
+        _ => (4 * tile + 2 * 64 * 4) as u32,
+    }
 }
 
-/// Whether the tensor-core forward kernel runs this launch: NVIDIA, 16-bit data, equal query
-/// and value head dims that are a multiple of 16 up to 128, at least 16 query rows (decoding's
-/// single rows stay on the row kernel), and operands on 16-byte boundaries (it moves 8
-/// values at a time).
-fn forward_mma_fits(gpu: &Gpu, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<bool> {
-    let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
+/// Whether the tensor-core kernels run this launch: NVIDIA, 16-bit data, equal query and
+/// value head dims that are a multiple of 16 up to 128, and every operand in `tensors` on a
+/// 16-byte boundary with k's and v's heads and batches too (the kernels move 8 values at a
+/// time). The forward also wants at least 16 query rows: decoding's single rows stay on the
+/// row kernel.
+fn mma_fits(gpu: &Gpu, op: &Op, tensors: &[&TensorRef<'_>]) -> Result<bool> {
+    let (q, k, v) = (tensors[0], tensors[1], tensors[2]);
     let (d, vd, tq) = (q.layout.shape[3], v.layout.shape[3], q.layout.shape[2]);
     let shape_fits = gpu.backend() == "cuda"
         && matches!(q.dtype, DType::F16 | DType::BF16)
         && d == vd
         && d % 16 == 0
         && (16..=128).contains(&d)
-        && tq >= 16;
+        && (tq >= 16 || matches!(op, Op::AttentionBackward { .. }));
     if !shape_fits {
         return Ok(false);
     }
@@ -135,7 +147,7 @@ fn forward_mma_fits(gpu: &Gpu, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) ->
         .iter()
         .all(|t| t.layout.strides[0] % 8 == 0 && t.layout.strides[1] % 8 == 0);
     let mut aligned = strides;
-    for t in [q, k, v, out] {
+    for t in tensors {
         aligned &= gpu.ptr(t)? % 16 == 0;
     }
     Ok(aligned)
@@ -161,14 +173,24 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
                 .map(|&(kd, vd)| attn_source("forward", dtype, kd, vd))
                 .collect();
             if dtype != DType::F32 {
-                sources.extend([64, 128].map(|d| forward_mma_source(dtype, d)));
+                sources.extend([64, 128].map(|d| mma_source("forward_mma", dtype, d)));
             }
             sources
         }
-        Op::AttentionBackward { .. } => heads
-            .iter()
-            .flat_map(|&(kd, vd)| ["dq", "dk", "dv"].map(|entry| attn_source(entry, dtype, kd, vd)))
-            .collect(),
+        Op::AttentionBackward { .. } => {
+            let mut sources: Vec<Source> = heads
+                .iter()
+                .flat_map(|&(kd, vd)| {
+                    ["dq", "dk", "dv"].map(|entry| attn_source(entry, dtype, kd, vd))
+                })
+                .collect();
+            if dtype != DType::F32 {
+                for d in [64, 128] {
+                    sources.extend(["dq_mma", "dkv_mma"].map(|e| mma_source(e, dtype, d)));
+                }
+            }
+            sources
+        }
         _ => Vec::new(),
     }
 }
@@ -267,18 +289,20 @@ fn attention(
         let source = || Ok(attn_source(entry, dtype, kd, vd));
         gpu.run(&key, source, rows_grid(blocks, ROWS, 0), params)
     };
+    let run_mma = |entry: &'static str, blocks: usize, params: &AttnParams| {
+        let key = format!("attn_{entry}:{dtype}:{kd}");
+        let source = || Ok(mma_source(entry, dtype, kd));
+        let grid = rows_grid(blocks, 128, mma_shared_bytes(entry, kd));
+        gpu.run(&key, source, grid, params)
+    };
     if matches!(op, Op::Attention { .. }) {
         if rows == 0 {
             return Ok(());
         }
         params.out = gpu.ptr(&outputs[0])?;
         params.lse = gpu.ptr(&outputs[1])?;
-        if forward_mma_fits(gpu, inputs, &outputs[0])? {
-            let blocks = b * hq * tq.div_ceil(64);
-            let key = format!("attn_forward_mma:{dtype}:{kd}");
-            let source = || Ok(forward_mma_source(dtype, kd));
-            let grid = rows_grid(blocks, 128, forward_mma_shared_bytes(kd));
-            return gpu.run(&key, source, grid, &params);
+        if mma_fits(gpu, op, &[q, k, v, &outputs[0]])? {
+            return run_mma("forward_mma", b * hq * tq.div_ceil(64), &params);
         }
         return run("forward", query_blocks, &params);
     }
@@ -290,6 +314,15 @@ fn attention(
     params.dv = gpu.ptr(&outputs[2])?;
     let scratch = gpu.alloc(rows.max(1) * 4)?;
     params.delta = buffer_address(gpu.backend(), &scratch)?;
+    if mma_fits(gpu, op, &[q, k, v, &inputs[5]])? {
+        if rows > 0 {
+            run_mma("dq_mma", b * hq * tq.div_ceil(64), &params)?;
+        }
+        if tk > 0 {
+            run_mma("dkv_mma", b * hkv * tk.div_ceil(64), &params)?;
+        }
+        return Ok(());
+    }
     if rows > 0 {
         run("dq", query_blocks, &params)?;
     }

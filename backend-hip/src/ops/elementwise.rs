@@ -28,6 +28,9 @@ hip_params! {
     }
 }
 
+/// Elements per thread of the map kernel (its `MAP_UNROLL`).
+const MAP_UNROLL: usize = 4;
+
 /// `op(x)` in C++, with scalars `S0`, `S1`.
 fn unary(u: UnaryOp) -> &'static str {
     match u {
@@ -301,5 +304,5 @@ pub(crate) fn launch(
     }
     let source =
         || map_source(op, &dtypes, inputs.len(), rank, index).ok_or_else(|| unsupported(gpu, op));
-    gpu.run(&key, source, grid_for(n, 256), &params)
+    gpu.run(&key, source, grid_for(n.div_ceil(MAP_UNROLL), 256), &params)
 }

@@ -91,7 +91,9 @@ pub(crate) fn launch(
             let index = index_type(&[logits, &outputs[0]]);
             let source = || Ok(loss_source("cross_entropy_backward", t, i, index));
             let key = format!("cross_entropy_backward:{t}:{i}:{index}");
-            gpu.run(&key, source, grid_for(rows * vocab, THREADS), &params)
+            // Four elements per thread (the kernel's unrolling).
+            let grid = grid_for((rows * vocab).div_ceil(4), THREADS);
+            gpu.run(&key, source, grid, &params)
         }
         _ => Err(unsupported(gpu, op)),
     }

@@ -5,15 +5,18 @@
 //! for every layout the models make), in the row-major output's terms: `out^T = b^T a^T` in
 //! BLAS's column-major view, so a row-major operand is passed as it lies and a transposed one
 //! with BLAS's transpose flag. An operand with neither unit stride is copied row-major first.
-//! f32 stays exact f32 (no TF32); f16 and bf16 accumulate in f32 and round once: straight
-//! into the output where the only epilogue is a row-major residual (BLAS's `beta = 1`), else
-//! into an f32 accumulator that `kernels/matmul.hip` finishes.
+//! Large products with sizes that are not multiples of 8, or misaligned operands, run on
+//! zero-padded copies (see [`PAD_WORTH`]).
+//! f32 stays exact f32 (no TF32); f16 and bf16 accumulate in f32 and round once: BLAS adds
+//! the bias (its epilogue) or a row-major residual (`beta = 1`) before rounding into the
+//! output; an activation, both, or a residual BLAS cannot read send f32 sums to the epilogue
+//! kernel of `kernels/matmul.hip`.
 
 use std::sync::Arc;
 
 use tessera_core::{merge_dims, Buffer, DType, Layout, Op, Result, TensorRef, UnaryOp};
 
-use super::{cxx_type, elementwise, index_type};
+use super::{cxx_type, elementwise, index_type, raw_type};
 use crate::driver::{DevicePtr, Gemm};
 use crate::gpu::{grid_for, Gpu, Source};
 use crate::memory::buffer_address;
@@ -22,7 +25,8 @@ use crate::params::hip_params;
 const SRC: &str = include_str!("../../kernels/matmul.hip");
 
 hip_params! {
-    /// The epilogue's operands (absent ones 0) and the output's `elements` in rows of `cols`.
+    /// The epilogue's operands (absent ones 0), the output's `elements` in rows of `cols`,
+    /// and the accumulator's rows `acc_ld` elements apart.
     EpilogueParams {
         acc: u64,
         bias: u64,
@@ -30,6 +34,21 @@ hip_params! {
         out: u64,
         elements: u64,
         cols: u64,
+        acc_ld: u64,
+    }
+}
+
+hip_params! {
+    /// [`repack`]'s matrices: `lines` lines of `inner` elements, `ld` apart.
+    RepackParams {
+        src: u64,
+        dst: u64,
+        src_lines: u64,
+        src_inner: u64,
+        src_ld: u64,
+        dst_lines: u64,
+        dst_inner: u64,
+        dst_ld: u64,
     }
 }
 
@@ -80,7 +99,32 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
     [DType::F32, dtypes[0]]
         .into_iter()
         .map(|acc| epilogue_source(dtypes[0], acc, *bias, *activation, *residual, "u32"))
+        .chain([repack_source(dtypes[0])])
         .collect()
+}
+
+/// 16-bit products of at least this many multiply-adds run as one GEMM (no batches) with
+/// every size a multiple of 8 and every operand 16-byte aligned, where they are not already,
+/// by copying operands into zero-padded scratch and the output back out: cuBLASLt picks slow
+/// unaligned kernels for anything less (GPT-2's logits, 50,257 columns: about 7 ms for each
+/// product in bf16 on an H100, under 1 once padded). f32 products are not padded: their
+/// kernels lose little to odd sizes, and the copies cost more than they win (the f32
+/// training step was 10 ms slower padded).
+const PAD_WORTH: usize = 1 << 28;
+/// ... and no size under this: thinner products are bound by memory, which the copies would
+/// only add to.
+const PAD_MIN_SIZE: usize = 64;
+
+/// `len` rounded up to a multiple of 8, which keeps rows of 16-bit and f32 data on 16-byte
+/// boundaries.
+fn padded(len: usize) -> usize {
+    len.next_multiple_of(8)
+}
+
+/// Whether matrices at `ptr` with lines `ld` elements of `dtype` apart start on 16-byte
+/// boundaries, as BLAS's fast kernels want.
+fn blas_aligned(ptr: DevicePtr, ld: usize, dtype: DType) -> bool {
+    ptr.is_multiple_of(16) && (ld * dtype.size()).is_multiple_of(16)
 }
 
 /// How BLAS sees one operand's matrices: the address, leading dimension, batch stride and
@@ -89,8 +133,23 @@ struct Operand {
     ptr: DevicePtr,
     ld: usize,
     transposed: bool,
-    /// Scratch holding a row-major copy, kept alive until the GEMM is queued.
+    /// Scratch holding a copy, kept alive until the GEMM is queued.
     _copy: Option<Arc<dyn Buffer>>,
+}
+
+/// `t`'s matrices in storage terms: lines of contiguous elements and the distance between
+/// lines, with whether a line is a column (transposed), if it has such a layout.
+fn storage(t: &TensorRef<'_>) -> Option<(usize, bool)> {
+    let r = t.layout.rank();
+    let (rows, cols) = (t.layout.shape[r - 2], t.layout.shape[r - 1]);
+    let (rs, cs) = (t.layout.strides[r - 2], t.layout.strides[r - 1]);
+    if (cs == 1 || cols == 1) && (rows == 1 || rs >= cols.max(1)) {
+        Some((if rows == 1 { cols.max(1) } else { rs }, false))
+    } else if (rs == 1 || rows == 1) && (cols == 1 || cs >= rows.max(1)) {
+        Some((if cols == 1 { rows.max(1) } else { cs }, true))
+    } else {
+        None
+    }
 }
 
 /// `t` ([..., rows, cols]) as a BLAS operand: row-major (unit column stride) or transposed
@@ -98,34 +157,20 @@ struct Operand {
 /// the strides of its batch dimensions.
 fn operand(gpu: &Gpu, t: &TensorRef<'_>) -> Result<(Operand, Vec<usize>)> {
     let r = t.layout.rank();
-    let (rows, cols) = (t.layout.shape[r - 2], t.layout.shape[r - 1]);
-    let (rs, cs) = (t.layout.strides[r - 2], t.layout.strides[r - 1]);
-    let batch = t.layout.strides[..r - 2].to_vec();
-    if (cs == 1 || cols == 1) && (rows == 1 || rs >= cols.max(1)) {
-        let ld = if rows == 1 { cols.max(1) } else { rs };
+    if let Some((ld, transposed)) = storage(t) {
         let op = Operand {
             ptr: gpu.ptr(t)?,
             ld,
-            transposed: false,
+            transposed,
             _copy: None,
         };
-        return Ok((op, batch));
-    }
-    if (rs == 1 || rows == 1) && (cols == 1 || cs >= rows.max(1)) {
-        let ld = if cols == 1 { rows.max(1) } else { cs };
-        let op = Operand {
-            ptr: gpu.ptr(t)?,
-            ld,
-            transposed: true,
-            _copy: None,
-        };
-        return Ok((op, batch));
+        return Ok((op, t.layout.strides[..r - 2].to_vec()));
     }
     let layout = Layout::contiguous(&t.layout.shape);
-    let copy = contiguous_copy(gpu, t, &layout)?;
+    let copy = copy_to_scratch(gpu, t, &layout)?;
     let op = Operand {
         ptr: buffer_address(gpu.backend(), &copy)?,
-        ld: cols.max(1),
+        ld: t.layout.shape[r - 1].max(1),
         transposed: false,
         _copy: Some(copy),
     };
@@ -133,7 +178,7 @@ fn operand(gpu: &Gpu, t: &TensorRef<'_>) -> Result<(Operand, Vec<usize>)> {
 }
 
 /// A row-major copy of `t` with `layout`, in scratch.
-fn contiguous_copy(gpu: &Gpu, t: &TensorRef<'_>, layout: &Layout) -> Result<Arc<dyn Buffer>> {
+fn copy_to_scratch(gpu: &Gpu, t: &TensorRef<'_>, layout: &Layout) -> Result<Arc<dyn Buffer>> {
     let copy = gpu.alloc(layout.numel().max(1) * t.dtype.size())?;
     let out = TensorRef {
         buffer: &copy,
@@ -142,6 +187,113 @@ fn contiguous_copy(gpu: &Gpu, t: &TensorRef<'_>, layout: &Layout) -> Result<Arc<
     };
     elementwise::launch(gpu, &Op::Copy, std::slice::from_ref(t), &[out], &[])?;
     Ok(copy)
+}
+
+/// One matrix's storage for [`repack`]: `lines` lines of `inner` elements, `ld` apart.
+#[derive(Clone, Copy)]
+struct Lines {
+    ptr: DevicePtr,
+    lines: usize,
+    inner: usize,
+    ld: usize,
+}
+
+/// Copies `src`'s elements into `dst` (which may be larger, its extra elements zeros, or
+/// smaller, a window of `src`), both of `dtype`.
+fn repack(gpu: &Gpu, dtype: DType, src: Lines, dst: Lines) -> Result<()> {
+    let params = RepackParams {
+        src: src.ptr,
+        dst: dst.ptr,
+        src_lines: src.lines as u64,
+        src_inner: src.inner as u64,
+        src_ld: src.ld as u64,
+        dst_lines: dst.lines as u64,
+        dst_inner: dst.inner as u64,
+        dst_ld: dst.ld as u64,
+    };
+    let key = format!("matmul_repack:{}", dtype.size());
+    let source = || Ok(repack_source(dtype));
+    let groups = dst.lines * dst.inner.div_ceil(8);
+    gpu.run(&key, source, grid_for(groups, 256), &params)
+}
+
+fn repack_source(dtype: DType) -> Source {
+    Source::new::<RepackParams>(SRC, "repack").define("R", raw_type(dtype))
+}
+
+/// `t` (a [rows, cols] matrix with a BLAS layout) as an operand of `rows` x `cols` padded to
+/// multiples of 8 and 16-byte aligned: in place where it already is, else copied into zeroed
+/// scratch keeping its orientation.
+fn padded_operand(gpu: &Gpu, t: &TensorRef<'_>, ld: usize, transposed: bool) -> Result<Operand> {
+    let r = t.layout.rank();
+    let (rows, cols) = (t.layout.shape[r - 2], t.layout.shape[r - 1]);
+    let (lines, inner) = if transposed {
+        (cols, rows)
+    } else {
+        (rows, cols)
+    };
+    let ptr = gpu.ptr(t)?;
+    if blas_aligned(ptr, ld, t.dtype) && padded(lines) == lines && padded(inner) == inner {
+        return Ok(Operand {
+            ptr,
+            ld,
+            transposed,
+            _copy: None,
+        });
+    }
+    let (lines_p, inner_p) = (padded(lines), padded(inner));
+    let copy = gpu.alloc(lines_p * inner_p * t.dtype.size())?;
+    let copy_ptr = buffer_address(gpu.backend(), &copy)?;
+    let src = Lines {
+        ptr,
+        lines,
+        inner,
+        ld,
+    };
+    let dst = Lines {
+        ptr: copy_ptr,
+        lines: lines_p,
+        inner: inner_p,
+        ld: inner_p,
+    };
+    repack(gpu, t.dtype, src, dst)?;
+    Ok(Operand {
+        ptr: copy_ptr,
+        ld: inner_p,
+        transposed,
+        _copy: Some(copy),
+    })
+}
+
+/// The sizes and operands of a padded product (see [`PAD_WORTH`]), or `None` where the
+/// product is small, batched, or its operands have no BLAS layout.
+fn padded_gemm(
+    gpu: &Gpu,
+    inputs: &[TensorRef<'_>],
+    out: &TensorRef<'_>,
+) -> Result<Option<([usize; 3], Operand, Operand)>> {
+    let r = out.layout.rank();
+    let (m, n) = (out.layout.shape[r - 2], out.layout.shape[r - 1]);
+    let k = inputs[0].layout.shape[r - 1];
+    let batches: usize = out.layout.shape[..r - 2].iter().product();
+    let compute_bound = [m, n, k].iter().all(|&x| x >= PAD_MIN_SIZE);
+    let large = m.saturating_mul(n).saturating_mul(k) >= PAD_WORTH;
+    if out.dtype.size() != 2 || batches != 1 || !compute_bound || !large {
+        return Ok(None);
+    }
+    let (Some((lda, ta)), Some((ldb, tb))) = (storage(&inputs[0]), storage(&inputs[1])) else {
+        return Ok(None);
+    };
+    let dtype = out.dtype;
+    let aligned = blas_aligned(gpu.ptr(out)?, n, dtype)
+        && blas_aligned(gpu.ptr(&inputs[0])?, lda, dtype)
+        && blas_aligned(gpu.ptr(&inputs[1])?, ldb, dtype);
+    if [m, n, k].iter().all(|&x| padded(x) == x) && aligned {
+        return Ok(None);
+    }
+    let a = padded_operand(gpu, &inputs[0], lda, ta)?;
+    let b = padded_operand(gpu, &inputs[1], ldb, tb)?;
+    Ok(Some(([padded(m), padded(n), padded(k)], a, b)))
 }
 
 pub(crate) fn launch(
@@ -168,18 +320,39 @@ pub(crate) fn launch(
     if elements == 0 {
         return Ok(());
     }
-    let residual_input = residual.then(|| &inputs[inputs.len() - 1]);
-    // A row-major residual of the output's type is BLAS's `c`; any other epilogue runs after.
-    let residual_in_blas = !bias
-        && activation.is_none()
-        && residual_input.is_some_and(|t| t.layout.is_contiguous())
-        && k > 0;
-    let epilogue = bias || activation.is_some() || (residual && !residual_in_blas);
-    let acc_dtype = if epilogue { DType::F32 } else { dtype };
     let out_ptr = gpu.ptr(out)?;
-    // The accumulator: the output itself, unless an epilogue must read f32 sums of 16-bit data.
-    let scratch = if acc_dtype != dtype {
-        Some(gpu.alloc(elements * 4)?)
+    let padding = if k > 0 {
+        padded_gemm(gpu, inputs, out)?
+    } else {
+        None
+    };
+    let residual_input = residual.then(|| &inputs[inputs.len() - 1]);
+    let bias_ptr = if bias { gpu.ptr(&inputs[2])? } else { 0 };
+    // BLAS adds a row-major residual of the output's type as its `c` (with the output's
+    // layout), or else the bias in its epilogue, before its one rounding. Not both: with
+    // both, cuBLASLt rounds f16 sums between them (9 ulps off the CPU on a cancelling sum,
+    // caught by the conformance suite). An activation, or what BLAS cannot add, goes to the
+    // epilogue kernel over f32 sums.
+    let blas_residual = !bias
+        && activation.is_none()
+        && k > 0
+        && padding.is_none()
+        && residual_input.is_some_and(|t| t.layout.is_contiguous());
+    let blas_bias = bias
+        && !residual
+        && activation.is_none()
+        && k > 0
+        && padding.is_none()
+        && bias_ptr.is_multiple_of(16);
+    let epilogue = activation.is_some() || (bias && !blas_bias) || (residual && !blas_residual);
+    let acc_dtype = if epilogue { DType::F32 } else { dtype };
+    // The sums: in the output, or in scratch rows `acc_ld` apart (padded products).
+    let acc_ld = padding.as_ref().map_or(n, |(sizes, ..)| sizes[1]);
+    let acc_rows = padding
+        .as_ref()
+        .map_or(elements / n, |(sizes, ..)| sizes[0]);
+    let scratch = if epilogue || padding.is_some() {
+        Some(gpu.alloc(acc_rows * acc_ld * acc_dtype.size())?)
     } else {
         None
     };
@@ -189,64 +362,57 @@ pub(crate) fn launch(
     };
     if k == 0 {
         gpu.driver.zero(acc_ptr, elements * acc_dtype.size())?;
+    } else if let Some(([mp, np, kp], a, b)) = &padding {
+        gpu.driver.gemm(&Gemm {
+            dtype,
+            out_dtype: acc_dtype,
+            m: *np,
+            n: *mp,
+            k: *kp,
+            batch: 1,
+            a: b.ptr,
+            lda: b.ld,
+            stride_a: 0,
+            transpose_a: b.transposed,
+            b: a.ptr,
+            ldb: a.ld,
+            stride_b: 0,
+            transpose_b: a.transposed,
+            c: None,
+            bias: None,
+            d: acc_ptr,
+            ldd: *np,
+            stride_d: 0,
+        })?;
     } else {
-        let (a, a_batch) = operand(gpu, &inputs[0])?;
-        let (b, b_batch) = operand(gpu, &inputs[1])?;
-        let out_batch = &out.layout.strides[..r - 2];
-        let (batch_shape, batch_strides) =
-            merge_dims(&out.layout.shape[..r - 2], &[&a_batch, &b_batch, out_batch]);
-        // BLAS batches the innermost merged batch dimension; the host loops over the rest.
-        let (inner, outer_shape) = match batch_shape.split_last() {
-            Some((&inner, outer)) => (inner, outer.to_vec()),
-            None => (1, Vec::new()),
-        };
-        let inner_stride = |t: usize| batch_strides[t].last().copied().unwrap_or(0);
         let residual_ptr = match residual_input {
-            Some(t) if residual_in_blas => Some(gpu.ptr(t)?),
+            Some(t) if blas_residual => Some(gpu.ptr(t)?),
             _ => None,
         };
-        let size = |d: DType| d.size() as u64;
-        let outer_count: usize = outer_shape.iter().product();
-        for index in 0..outer_count {
-            let mut rem = index;
-            let mut offsets = [0usize; 3];
-            for d in (0..outer_shape.len()).rev() {
-                let c = rem % outer_shape[d];
-                rem /= outer_shape[d];
-                for (t, offset) in offsets.iter_mut().enumerate() {
-                    *offset += c * batch_strides[t][d];
-                }
-            }
-            let shift = |ptr: DevicePtr, elements: usize, d: DType| ptr + elements as u64 * size(d);
-            let gemm = Gemm {
-                dtype,
-                out_dtype: acc_dtype,
-                m: n,
-                n: m,
-                k,
-                batch: inner,
-                a: shift(b.ptr, offsets[1], dtype),
-                lda: b.ld,
-                stride_a: inner_stride(1),
-                transpose_a: b.transposed,
-                b: shift(a.ptr, offsets[0], dtype),
-                ldb: a.ld,
-                stride_b: inner_stride(0),
-                transpose_b: a.transposed,
-                c: residual_ptr.map(|p| shift(p, offsets[2], dtype)),
-                d: shift(acc_ptr, offsets[2], acc_dtype),
-                ldd: n,
-                stride_d: inner_stride(2),
-            };
-            gpu.driver.gemm(&gemm)?;
-        }
+        let bias = blas_bias.then_some(bias_ptr);
+        batched_gemm(gpu, inputs, out, acc_dtype, acc_ptr, residual_ptr, bias)?;
     }
-    if !epilogue {
+    let Some(scratch) = scratch else {
         return Ok(());
+    };
+    if !epilogue {
+        let src = Lines {
+            ptr: buffer_address(gpu.backend(), &scratch)?,
+            lines: acc_rows,
+            inner: acc_ld,
+            ld: acc_ld,
+        };
+        let dst = Lines {
+            ptr: out_ptr,
+            lines: m,
+            inner: n,
+            ld: n,
+        };
+        return repack(gpu, dtype, src, dst);
     }
     // The residual as the epilogue reads it: row-major.
     let residual_copy = match residual_input {
-        Some(t) if !t.layout.is_contiguous() => Some(contiguous_copy(
+        Some(t) if !t.layout.is_contiguous() => Some(copy_to_scratch(
             gpu,
             t,
             &Layout::contiguous(&t.layout.shape),
@@ -260,11 +426,12 @@ pub(crate) fn launch(
     };
     let params = EpilogueParams {
         acc: acc_ptr,
-        bias: if bias { gpu.ptr(&inputs[2])? } else { 0 },
+        bias: bias_ptr,
         residual: residual_ptr,
         out: out_ptr,
         elements: elements as u64,
         cols: n as u64,
+        acc_ld: acc_ld as u64,
     };
     let index = index_type(&[out]);
     let key =
@@ -275,4 +442,69 @@ pub(crate) fn launch(
         ))
     };
     gpu.run(&key, source, grid_for(elements, 256), &params)
+}
+
+/// The product of `inputs[0]` and `inputs[1]` into sums of `acc_dtype` at `acc` (laid out
+/// as `out`), plus `residual` (BLAS's `c`) and `bias` where given: one strided-batched GEMM
+/// per run of batch dimensions that merge.
+fn batched_gemm(
+    gpu: &Gpu,
+    inputs: &[TensorRef<'_>],
+    out: &TensorRef<'_>,
+    acc_dtype: DType,
+    acc: DevicePtr,
+    residual: Option<DevicePtr>,
+    bias: Option<DevicePtr>,
+) -> Result<()> {
+    let dtype = out.dtype;
+    let r = out.layout.rank();
+    let (m, n) = (out.layout.shape[r - 2], out.layout.shape[r - 1]);
+    let k = inputs[0].layout.shape[r - 1];
+    let (a, a_batch) = operand(gpu, &inputs[0])?;
+    let (b, b_batch) = operand(gpu, &inputs[1])?;
+    let out_batch = &out.layout.strides[..r - 2];
+    let (batch_shape, batch_strides) =
+        merge_dims(&out.layout.shape[..r - 2], &[&a_batch, &b_batch, out_batch]);
+    // BLAS batches the innermost merged batch dimension; the host loops over the rest.
+    let (inner, outer_shape) = match batch_shape.split_last() {
+        Some((&inner, outer)) => (inner, outer.to_vec()),
+        None => (1, Vec::new()),
+    };
+    let inner_stride = |t: usize| batch_strides[t].last().copied().unwrap_or(0);
+    let size = |d: DType| d.size() as u64;
+    let outer_count: usize = outer_shape.iter().product();
+    for index in 0..outer_count {
+        let mut rem = index;
+        let mut offsets = [0usize; 3];
+        for d in (0..outer_shape.len()).rev() {
+            let c = rem % outer_shape[d];
+            rem /= outer_shape[d];
+            for (t, offset) in offsets.iter_mut().enumerate() {
+                *offset += c * batch_strides[t][d];
+            }
+        }
+        let shift = |ptr: DevicePtr, elements: usize, d: DType| ptr + elements as u64 * size(d);
+        gpu.driver.gemm(&Gemm {
+            dtype,
+            out_dtype: acc_dtype,
+            m: n,
+            n: m,
+            k,
+            batch: inner,
+            a: shift(b.ptr, offsets[1], dtype),
+            lda: b.ld,
+            stride_a: inner_stride(1),
+            transpose_a: b.transposed,
+            b: shift(a.ptr, offsets[0], dtype),
+            ldb: a.ld,
+            stride_b: inner_stride(0),
+            transpose_b: a.transposed,
+            c: residual.map(|p| shift(p, offsets[2], dtype)),
+            bias,
+            d: shift(acc, offsets[2], acc_dtype),
+            ldd: n,
+            stride_d: inner_stride(2),
+        })?;
+    }
+    Ok(())
 }

@@ -123,6 +123,15 @@ pub(crate) fn cxx_type(dtype: DType) -> &'static str {
     }
 }
 
+/// The unsigned integer of `dtype`'s size: its bits, for kernels that only move or fill them.
+pub(crate) fn raw_type(dtype: DType) -> &'static str {
+    match dtype.size() {
+        1 => "u8",
+        2 => "u16",
+        _ => "u32",
+    }
+}
+
 /// The index type that reaches every element of `tensors`: `u32` where it can (cheaper
 /// division), `u64` past 2^32 elements.
 pub(crate) fn index_type(tensors: &[&TensorRef<'_>]) -> &'static str {

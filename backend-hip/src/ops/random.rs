@@ -5,7 +5,7 @@
 
 use tessera_core::{encode_f64, DType, Op, Result, TensorRef};
 
-use super::{cxx_type, unsupported};
+use super::{cxx_type, raw_type, unsupported};
 use crate::gpu::{grid_for, Gpu, Source};
 use crate::params::hip_params;
 
@@ -42,15 +42,6 @@ fn entry(op: &Op) -> Option<&'static str> {
         Op::RandNormal { .. } => "normal",
         _ => return None,
     })
-}
-
-/// The unsigned integer of `dtype`'s size, whose bits fill writes.
-fn raw_type(dtype: DType) -> &'static str {
-    match dtype.size() {
-        1 => "u8",
-        2 => "u16",
-        _ => "u32",
-    }
 }
 
 /// The kernel for `op` writing `dtype`.
@@ -113,6 +104,11 @@ pub(crate) fn launch(
     match op {
         Op::Fill { .. } => {
             let bytes = encode_f64(&[s[0]], dtype);
+            // Zeros (gradients' first value) go through the driver's memset, which writes
+            // at full bandwidth where the kernel stores an element per thread.
+            if bytes.iter().all(|&b| b == 0) {
+                return gpu.driver.zero(params.out, n * dtype.size());
+            }
             params.value = bytes
                 .iter()
                 .rev()

@@ -1,5 +1,5 @@
 //! Matmul samples: batched, broadcast batches, transposed operands, every epilogue, K = 0,
-//! few rows, and split K.
+//! few rows, split K, and large products with sizes off multiples of 8.
 
 use tessera::{Op, UnaryOp};
 
@@ -131,6 +131,21 @@ pub(super) fn samples() -> Vec<Sample> {
             true,
         ),
         plain(&[2, 3], &[3, 4], c(), c()).gradcheck(),
+        // Large products with sizes off multiples of 8, as an LM head's over an odd
+        // vocabulary makes them (backends may pad such products for their BLAS): the input
+        // gradient (K odd), the weight gradient (a transposed operand, odd output rows), and
+        // the forward with a bias. Forward only: their point is size.
+        plain(&[1024, 4100], &[4100, 72], c(), c()).no_backward(),
+        plain(&[4100, 1024], &[1024, 72], View::Permuted(vec![1, 0]), c()).no_backward(),
+        fused(
+            &[72, 1024],
+            &[1024, 4100],
+            View::Permuted(vec![1, 0]),
+            true,
+            None,
+            false,
+        )
+        .no_backward(),
     ];
     for activation in [
         None,

@@ -222,35 +222,42 @@ DEV void load_tile(u16* tile, const u16* rows, u32 first, u32 count) {
     }
 }
 
-// Fragments of m16n8k16 operands from padded tiles (lane = 4 * gid + tig). `a_frag`: the A
-// operand, rows `r0..r0 + 16` and columns `16 kk..16 kk + 16` of a row-major tile.
-// `b_frag_t`: the B operand (k x n) where the tile holds it transposed (row n, column k: Q or
-// K rows against which scores are formed). `b_frag`: the B operand where the tile holds it as
-// is (row k, column n: values or gradients summed over rows).
-DEV void a_frag(u32* a, const u16* tile, u32 r0, int kk, u32 gid, u32 tig) {
-    const u16* lo = tile + (r0 + gid) * DP + kk * 16 + tig * 2;
-    const u16* hi = lo + 8 * DP;
-    a[0] = *(const u32*)lo;
-    a[1] = *(const u32*)hi;
-    a[2] = *(const u32*)(lo + 8);
-    a[3] = *(const u32*)(hi + 8);
+// Fragments of m16n8k16 operands from padded tiles, four 8 x 8 matrices per `ldmatrix`
+// (each lane names one row of one matrix; rows are 16-byte aligned, and the padding puts the
+// 8 rows of a matrix in different banks). `a_frag`: the A operand, rows `r0..r0 + 16`,
+// columns `16 kk..16 kk + 16` of a row-major tile. `b_frags_t`: B operands (k x n) for n
+// blocks `n0..n0 + 8` and `n0 + 8..n0 + 16` where the tile holds B transposed (row n, column
+// k: the Q or K rows scores are formed against). `b_frags`: the same where the tile holds B
+// as is (row k, column n: values or gradients summed over rows), transposed on the way in.
+DEV u32 shared_address(const u16* p) { return (u32)__cvta_generic_to_shared(p); }
+DEV void ldmatrix4(u32* r, const u16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
 }
-DEV void b_frag_t(u32* b, const u16* tile, u32 n0, int kk, u32 gid, u32 tig) {
-    const u16* r = tile + (n0 + gid) * DP + kk * 16 + tig * 2;
-    b[0] = *(const u32*)r;
-    b[1] = *(const u32*)(r + 8);
+DEV void ldmatrix4_trans(u32* r, const u16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
 }
-DEV void b_frag(u32* b, const u16* tile, u32 k0, u32 n0, u32 gid, u32 tig) {
-    const u16* c = tile + (k0 + tig * 2) * DP + n0 + gid;
-    b[0] = (u32)c[0] | ((u32)c[DP] << 16);
-    b[1] = (u32)c[8 * DP] | ((u32)c[9 * DP] << 16);
+DEV void a_frag(u32* a, const u16* tile, u32 r0, int kk, u32 lane) {
+    const u32 m = lane / 8;
+    ldmatrix4(a, tile + (r0 + lane % 8 + (m % 2) * 8) * DP + kk * 16 + (m / 2) * 8);
+}
+DEV void b_frags_t(u32* b, const u16* tile, u32 n0, int kk, u32 lane) {
+    const u32 m = lane / 8;
+    ldmatrix4(b, tile + (n0 + lane % 8 + (m / 2) * 8) * DP + kk * 16 + (m % 2) * 8);
+}
+DEV void b_frags(u32* b, const u16* tile, u32 k0, u32 n0, u32 lane) {
+    const u32 m = lane / 8;
+    ldmatrix4_trans(b, tile + (k0 + lane % 8 + (m % 2) * 8) * DP + n0 + (m / 2) * 8);
 }
 
 // acc[nt] += X Y over 64 rows of the k dimension, where X (16 x 64) is held as C fragments
 // `x[8][4]` (the layout an MMA leaves, which is the A layout of the next) and Y is a padded
 // tile with rows k and D columns: the step shared by O += P V, dV += P^T dO, dK += dS^T Q and
 // dQ += dS K. X goes in as two 16-bit parts.
-DEV void accumulate_product(float (*acc)[4], float (*x)[4], const u16* tile, u32 gid, u32 tig) {
+DEV void accumulate_product(float (*acc)[4], float (*x)[4], const u16* tile, u32 lane) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         u32 hi[4], lo[4];
@@ -259,28 +266,31 @@ DEV void accumulate_product(float (*acc)[4], float (*x)[4], const u16* tile, u32
         split2(x[2 * kk + 1][0], x[2 * kk + 1][1], hi[2], lo[2]);
         split2(x[2 * kk + 1][2], x[2 * kk + 1][3], hi[3], lo[3]);
 #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            u32 b[2];
-            b_frag(b, tile, kk * 16, nt * 8, gid, tig);
+        for (int nt = 0; nt < D / 8; nt += 2) {
+            u32 b[4];
+            b_frags(b, tile, kk * 16, nt * 8, lane);
             mma16816(acc[nt], hi, b);
             mma16816(acc[nt], lo, b);
+            mma16816(acc[nt + 1], hi, b + 2);
+            mma16816(acc[nt + 1], lo, b + 2);
         }
     }
 }
 
 // s[8][4] = A B^T for 16 rows `r0..` of tile `a` against 64 rows of tile `b` (both D wide).
-DEV void scores(float (*s)[4], const u16* a, u32 r0, const u16* b, u32 gid, u32 tig) {
+DEV void scores(float (*s)[4], const u16* a, u32 r0, const u16* b, u32 lane) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         u32 af[4];
-        a_frag(af, a, r0, kk, gid, tig);
+        a_frag(af, a, r0, kk, lane);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            u32 bf[2];
-            b_frag_t(bf, b, j * 8, kk, gid, tig);
+        for (int j = 0; j < 8; j += 2) {
+            u32 bf[4];
+            b_frags_t(bf, b, j * 8, kk, lane);
             mma16816(s[j], af, bf);
+            mma16816(s[j + 1], af, bf + 2);
         }
     }
 }
@@ -339,7 +349,7 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
             load_tile(vs, vh, j0, p.k_len);
             __syncthreads();
             float s[BK / 8][4];
-            scores(s, qs, warp * 16, ks, gid, tig);
+            scores(s, qs, warp * 16, ks, lane);
             float mx[2] = {m[0], m[1]};
 #pragma unroll
             for (int j = 0; j < BK / 8; ++j) {
@@ -377,7 +387,7 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
                 o[nt][2] *= corr[1];
                 o[nt][3] *= corr[1];
             }
-            accumulate_product(o, s, vs, gid, tig);
+            accumulate_product(o, s, vs, lane);
         }
         float inv[2];
 #pragma unroll
@@ -449,8 +459,8 @@ KERNEL void __launch_bounds__(128) dq_mma(const Params p) {
                 load_tile(vs, vh, j0, p.k_len);
                 __syncthreads();
                 float s[8][4], dp[8][4];
-                scores(s, qs, warp * 16, ks, gid, tig);
-                scores(dp, gs, warp * 16, vs, gid, tig);
+                scores(s, qs, warp * 16, ks, lane);
+                scores(dp, gs, warp * 16, vs, lane);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -464,7 +474,7 @@ KERNEL void __launch_bounds__(128) dq_mma(const Params p) {
                         }
                     }
                 }
-                if (pass == 1) accumulate_product(acc, s, ks, gid, tig);
+                if (pass == 1) accumulate_product(acc, s, ks, lane);
             }
             if (pass == 0) {
 #pragma unroll
@@ -528,8 +538,8 @@ KERNEL void __launch_bounds__(128) dkv_mma(const Params p) {
                 }
                 __syncthreads();
                 float s[8][4], dp[8][4];
-                scores(s, ks, warp * 16, qs, gid, tig);
-                scores(dp, vs, warp * 16, gs, gid, tig);
+                scores(s, ks, warp * 16, qs, lane);
+                scores(dp, vs, warp * 16, gs, lane);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -542,8 +552,8 @@ KERNEL void __launch_bounds__(128) dkv_mma(const Params p) {
                         dp[j][e] = pj * (dp[j][e] - delta_col[c]);
                     }
                 }
-                accumulate_product(dv, s, gs, gid, tig);
-                accumulate_product(dk, dp, qs, gid, tig);
+                accumulate_product(dv, s, gs, lane);
+                accumulate_product(dk, dp, qs, lane);
             }
         }
         store_rows((T*)p.dk + bg * tk * D, dk, p.scale, j0 + warp * 16, tk, gid, tig);

@@ -5,6 +5,8 @@
 //   T0..T4    the operands' stored types (inputs, then outputs)
 //   OFFSETS   code that sets o0, o1, ... to each operand's element offset from `i`
 //   BODY      the op on one element
+//   INPUTS    how many operands are inputs
+//   VEC       (contiguous operands only) elements per group of the vector walk
 
 #define S0 p.scalars[0]
 #define S1 p.scalars[1]
@@ -17,6 +19,58 @@
 // place) is only ever read and written at the same element.
 #define MAP_UNROLL 4
 
+#if defined(VEC)
+// Contiguous operands of whole groups of VEC elements, each operand's group aligned to its
+// size (at most 16 bytes): a thread loads a group of every input with one load, runs BODY on
+// each element in registers (P0... point at the groups, o0... index them), and stores the
+// groups of the outputs (INPUTS inputs come first).
+#define GROUP(k) \
+    struct alignas(sizeof(T##k) * VEC) G##k { T##k v[VEC]; }; \
+    G##k r##k; \
+    if (INPUTS > k) r##k = ((const G##k*)p.ptrs[k])[g]; \
+    T##k* const P##k = r##k.v;
+#define STORE(k) \
+    if (INPUTS <= k) ((G##k*)p.ptrs[k])[g] = r##k;
+
+KERNEL void map(const Params p) {
+    const u64 groups = p.elements / VEC;
+    const u64 step = block_count() * blockDim.x;
+    for (u64 g = block_index() * blockDim.x + threadIdx.x; g < groups; g += step) {
+        GROUP(0)
+#if defined(T1)
+        GROUP(1)
+#endif
+#if defined(T2)
+        GROUP(2)
+#endif
+#if defined(T3)
+        GROUP(3)
+#endif
+#if defined(T4)
+        GROUP(4)
+#endif
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const IDX o0 = (IDX)j, o1 = (IDX)j, o2 = (IDX)j, o3 = (IDX)j, o4 = (IDX)j;
+            (void)o0; (void)o1; (void)o2; (void)o3; (void)o4;
+            BODY
+        }
+        STORE(0)
+#if defined(T1)
+        STORE(1)
+#endif
+#if defined(T2)
+        STORE(2)
+#endif
+#if defined(T3)
+        STORE(3)
+#endif
+#if defined(T4)
+        STORE(4)
+#endif
+    }
+}
+#else
 KERNEL void map(const Params p) {
     T0* __restrict__ const P0 = (T0*)p.ptrs[0];
 #if defined(T1)
@@ -45,3 +99,4 @@ KERNEL void map(const Params p) {
         }
     }
 }
+#endif

@@ -22,6 +22,9 @@ typedef long long i64;
 // Explicit specializations take no storage class.
 #define DEV_SPEC __device__ __forceinline__
 
+// Sixteen bytes moved as one (wide copies).
+struct alignas(16) u128 { u32 w[4]; };
+
 // 16-bit floats as their bits; arithmetic happens in f32.
 struct f16 { u16 bits; };
 struct bf16 { u16 bits; };

@@ -5,6 +5,7 @@
 use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Error, Op, Result, TensorRef, UnaryOp};
 
 use super::{cxx_type, index_type, unsupported};
+use crate::driver::DevicePtr;
 use crate::gpu::{grid_for, Gpu, Source};
 use crate::params::hip_params;
 
@@ -189,14 +190,26 @@ pub(crate) fn supports(_op: &Op, _dtypes: &[DType]) -> bool {
     true
 }
 
+/// How the map kernel walks its operands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// An element at a time, through strides.
+    Strided,
+    /// A copy in 16-byte groups of elements (see [`wide_copy`]).
+    Wide,
+    /// Contiguous operands in groups of this many elements (see [`vector_width`]).
+    Vector(usize),
+}
+
 /// The map kernel for `op` on operands of `dtypes` (inputs, then outputs) over `rank`
-/// dimensions, indexed with `index`.
+/// dimensions, indexed with `index`, walking them as `walk` says.
 fn map_source(
     op: &Op,
     dtypes: &[DType],
     inputs: usize,
     rank: usize,
     index: &str,
+    walk: Walk,
 ) -> Option<Source> {
     let mut source = Source::new::<MapParams>(SRC, "map")
         .define("IDX", index)
@@ -204,11 +217,77 @@ fn map_source(
             "OFFSETS",
             operand_offsets(rank, dtypes.len()).replace('\n', " "),
         )
-        .define("BODY", map_body(op, &dtypes[..inputs])?);
+        .define("BODY", map_body(op, &dtypes[..inputs])?)
+        .define("INPUTS", inputs.to_string());
+    if let Walk::Vector(width) = walk {
+        source = source.define("VEC", width.to_string());
+    }
     for (k, &dtype) in dtypes.iter().enumerate() {
-        source = source.define(&format!("T{k}"), cxx_type(dtype));
+        let stored = if walk == Walk::Wide {
+            "u128"
+        } else {
+            cxx_type(dtype)
+        };
+        source = source.define(&format!("T{k}"), stored);
     }
     Some(source)
+}
+
+/// The group width of a vector walk over contiguous operands: as many elements as keep the
+/// widest operand's group at 16 bytes, where the merged shape is one contiguous dimension
+/// of whole groups and every operand starts on its group's boundary. Each thread then moves
+/// a group per operand with one load or store.
+fn vector_width(
+    n: usize,
+    shape: &[usize],
+    strides: &[Vec<usize>],
+    tensors: &[&TensorRef<'_>],
+    ptrs: &[DevicePtr],
+) -> Option<usize> {
+    let widest = tensors.iter().map(|t| t.dtype.size()).max()?;
+    let width = 16 / widest;
+    let contiguous = shape.len() == 1 && strides.iter().all(|st| st[0] == 1);
+    let aligned = tensors
+        .iter()
+        .zip(ptrs)
+        .all(|(t, p)| p.is_multiple_of((t.dtype.size() * width) as u64));
+    (width > 1 && contiguous && n.is_multiple_of(width) && aligned).then_some(width)
+}
+
+/// Bytes a wide copy moves per element (the prelude's `u128`).
+const WIDE: usize = 16;
+
+/// Whether a copy over merged `shape` and `strides` (source, destination) at `ptrs` moves
+/// whole 16-byte groups: both innermost dimensions contiguous, 16-byte aligned, and every
+/// other stride a whole number of groups. Then the copy runs over groups, moving 16 bytes per
+/// load where elements would move 2 or 4 (transposes of attention heads, 64 elements long).
+fn wide_copy(
+    elem: usize,
+    shape: &[usize],
+    strides: &[Vec<usize>],
+    ptrs: &[DevicePtr],
+) -> Option<(Vec<usize>, Vec<Vec<usize>>)> {
+    let group = WIDE / elem;
+    let last = shape.len().checked_sub(1)?;
+    let fits = shape[last].is_multiple_of(group)
+        && ptrs.iter().all(|p| p.is_multiple_of(WIDE as u64))
+        && strides
+            .iter()
+            .all(|st| st[last] == 1 && st[..last].iter().all(|s| s.is_multiple_of(group)));
+    if !fits {
+        return None;
+    }
+    let mut wide_shape = shape.to_vec();
+    wide_shape[last] /= group;
+    let wide_strides = strides
+        .iter()
+        .map(|st| {
+            let mut w: Vec<usize> = st[..last].iter().map(|s| s / group).collect();
+            w.push(1);
+            w
+        })
+        .collect();
+    Some((wide_shape, wide_strides))
 }
 
 /// The kernels `launch` compiles for `op` on inputs of `dtypes`: ranks 1 and 3, both index
@@ -223,10 +302,21 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
         _ => vec![dtypes[0]],
     };
     let all: Vec<DType> = dtypes.iter().chain(&outputs).copied().collect();
-    [(1, "u32"), (3, "u64")]
-        .into_iter()
-        .filter_map(|(rank, index)| map_source(op, &all, dtypes.len(), rank, index))
-        .collect()
+    let widest = all.iter().map(|d| d.size()).max().unwrap_or(1);
+    let mut sources = Vec::new();
+    for (rank, index) in [(1, "u32"), (3, "u64")] {
+        let mut walks = vec![Walk::Strided];
+        if rank == 1 && widest < 16 {
+            walks.push(Walk::Vector(16 / widest));
+        }
+        if matches!(op, Op::Copy) {
+            walks.push(Walk::Wide);
+        }
+        for walk in walks {
+            sources.extend(map_source(op, &all, dtypes.len(), rank, index, walk));
+        }
+    }
+    sources
 }
 
 /// C++ that sets `o0`, `o1`, ... to each of `operands` operands' offset of element `i`, for
@@ -263,6 +353,31 @@ pub(crate) fn launch(
     }
     let strides: Vec<&[usize]> = tensors.iter().map(|t| &t.layout.strides[..]).collect();
     let (shape, strides) = merge_dims(&outputs[0].layout.shape, &strides);
+    let ptrs = tensors
+        .iter()
+        .map(|t| gpu.ptr(t))
+        .collect::<Result<Vec<DevicePtr>>>()?;
+    let elem = outputs[0].dtype.size();
+    let widened = match op {
+        Op::Copy if elem < WIDE => wide_copy(elem, &shape, &strides, &ptrs),
+        _ => None,
+    };
+    let walk = if widened.is_some() {
+        Walk::Wide
+    } else {
+        vector_width(n, &shape, &strides, &tensors, &ptrs).map_or(Walk::Strided, Walk::Vector)
+    };
+    let (shape, strides) = widened.unwrap_or((shape, strides));
+    let n = if walk == Walk::Wide {
+        n / (WIDE / elem)
+    } else {
+        n
+    };
+    // Threads: one per group of a vector walk, else one per MAP_UNROLL elements.
+    let threads = match walk {
+        Walk::Vector(width) => n / width,
+        _ => n.div_ceil(MAP_UNROLL),
+    };
     let rank = shape.len();
     if tensors.len() > MAX_OPERANDS {
         return Err(unsupported(gpu, op));
@@ -282,15 +397,18 @@ pub(crate) fn launch(
         + &match op {
             Op::Cast { to } => format!("->{to}"),
             _ => String::new(),
+        }
+        + &match walk {
+            Walk::Strided => String::new(),
+            Walk::Wide => ":wide".into(),
+            Walk::Vector(width) => format!(":vec{width}"),
         };
     let dtypes: Vec<DType> = tensors.iter().map(|t| t.dtype).collect();
     let mut params = MapParams {
         elements: n as u64,
         ..MapParams::default()
     };
-    for (k, t) in tensors.iter().enumerate() {
-        params.ptrs[k] = gpu.ptr(t)?;
-    }
+    params.ptrs[..ptrs.len()].copy_from_slice(&ptrs);
     for (k, scalar) in s.iter().take(4).enumerate() {
         params.scalars[k] = *scalar as f32;
     }
@@ -302,7 +420,8 @@ pub(crate) fn launch(
             params.strides[t][d] = stride as u64;
         }
     }
-    let source =
-        || map_source(op, &dtypes, inputs.len(), rank, index).ok_or_else(|| unsupported(gpu, op));
-    gpu.run(&key, source, grid_for(n.div_ceil(MAP_UNROLL), 256), &params)
+    let source = || {
+        map_source(op, &dtypes, inputs.len(), rank, index, walk).ok_or_else(|| unsupported(gpu, op))
+    };
+    gpu.run(&key, source, grid_for(threads, 256), &params)
 }

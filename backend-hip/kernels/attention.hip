@@ -154,7 +154,10 @@ UNROLL
 // base 2 of scores pre-scaled by log2 e, and probabilities (and their gradients) go into an
 // MMA as two 16-bit parts (`split2`). Tiles sit in dynamic shared memory, rows padded by 8
 // elements against bank conflicts. Defines: D, MMA_BF16 (1: bf16, 0: f16), and one of
-// FORWARD_MMA, DQ_MMA, DKV_MMA.
+// FORWARD_MMA, DQ_MMA, DKV_MMA. Registers bound the blocks an SM holds (the forward needed 141
+// per thread unbounded, three blocks; `__launch_bounds__` keeps it to four); latency is what
+// limits these kernels now (a quarter of the issue slots busy): pipelined tile loads
+// (cp.async) and larger tiles are the next steps.
 #define BQ 64
 #define BK 64
 #define DP (D + 8)
@@ -315,7 +318,7 @@ DEV void store_rows(T* out, float (*acc)[4], float mul, u32 r0, u32 count, u32 g
 // O = softmax(scale Q K^T) V with the online softmax in registers: per 64-key tile the
 // scores, the running maximum and sum per row (a row's 64 scores sit in the 4 lanes of a
 // quad), then O += P V.
-KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
+KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
     extern __shared__ uint4 smem_words[];
     u16* qs = (u16*)smem_words;
     u16* ks = qs + BQ * DP;
@@ -417,7 +420,7 @@ KERNEL void __launch_bounds__(128) forward_mma(const Params p) {
 // delta_i = sum_j P_ij dP_ij (from the f32 products, not from the 16-bit `out`, whose
 // rounding would leak into every dS) and leaves it for `dkv_mma`; a second forms
 // dS = P (dP - delta) and dQ += dS K. P = exp(scale q.k - lse), dP = dout . v.
-KERNEL void __launch_bounds__(128) dq_mma(const Params p) {
+KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
     extern __shared__ uint4 smem_words[];
     u16* qs = (u16*)smem_words;
     u16* gs = qs + BQ * DP;
@@ -495,7 +498,7 @@ KERNEL void __launch_bounds__(128) dq_mma(const Params p) {
 // of its group stream through in order, and each warp forms its 16 keys' transposed scores
 // S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q (scaled once at the
 // end), with delta from `dq_mma`.
-KERNEL void __launch_bounds__(128) dkv_mma(const Params p) {
+KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
     extern __shared__ uint4 smem_words[];
     u16* ks = (u16*)smem_words;
     u16* vs = ks + BK * DP;

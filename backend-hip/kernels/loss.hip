@@ -1,6 +1,5 @@
 // Fused cross-entropy over rows of any vocabulary. Parameters: `LossParams` (ops/loss.rs).
-// The planner defines T (the logits' stored type), I (the targets' type, i32 or u32) and, for
-// the backward, IDX (the element index type).
+// The planner defines T (the logits' stored type) and I (the targets' type, i32 or u32).
 
 #define MAX_WARPS 32
 
@@ -48,32 +47,39 @@ KERNEL void cross_entropy(const Params p) {
     }
 }
 
-// Four elements per thread, a grid apart, all loaded before any is stored (the operands
-// are distinct): (exp(logit - lse) - onehot(target)) * dloss, 0 in ignored rows.
+// Rows along y, chunks of 8 x 256 elements of a row along x (both loop past the grid); a
+// thread's eight elements are 256 apart, all loaded before any is stored:
+// (exp(logit - lse) - onehot(target)) * dloss, 0 in ignored rows.
 KERNEL void cross_entropy_backward(const Params p) {
-    const T* __restrict__ logits = (const T*)p.logits;
-    const I* __restrict__ targets = (const I*)p.targets;
-    const float* __restrict__ lse = (const float*)p.lse;
-    const float* __restrict__ dloss = (const float*)p.dloss;
-    T* __restrict__ dlogits = (T*)p.dlogits;
-    const IDX v = (IDX)p.vocab;
-    // Positions in u64: `first + u * step` may pass the range of a u32 IDX.
-    const u64 n = p.elements;
-    const u64 step = block_count() * blockDim.x;
-    for (u64 first = block_index() * blockDim.x + threadIdx.x; first < n; first += 4 * step) {
+    const u64 v = p.vocab;
+    const u64 chunk = 8 * (u64)blockDim.x;
+    const u64 chunks = (v + chunk - 1) / chunk;
+    for (u64 row = blockIdx.y; row < p.rows; row += gridDim.y) {
+        const i64 t = (i64)((const I*)p.targets)[row];
+        const bool live = t >= 0 && (u64)t < v;
+        const float lse = ((const float*)p.lse)[row];
+        const float dloss = ((const float*)p.dloss)[row];
+        const T* xr = (const T*)p.logits + row * v;
+        T* gr = (T*)p.dlogits + row * v;
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+            const u64 e0 = c * chunk + threadIdx.x;
+            float x[8];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (first + u * step >= n) continue;
-            const IDX e = (IDX)(first + u * step);
-            const IDX row = e / v;
-            const IDX j = e - row * v;
-            const i64 t = (i64)targets[row];
-            float g = 0.0f;
-            if (t >= 0 && t < (i64)v) {
-                const float onehot = (i64)j == t ? 1.0f : 0.0f;
-                g = (expf(ld(logits, e) - lse[row]) - onehot) * dloss[row];
+            for (int u = 0; u < 8; ++u) {
+                const u64 e = e0 + (u64)u * blockDim.x;
+                x[u] = (live && e < v) ? ld(xr, e) : 0.0f;
             }
-            st(dlogits, e, g);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const u64 e = e0 + (u64)u * blockDim.x;
+                if (e >= v) continue;
+                float g = 0.0f;
+                if (live) {
+                    const float onehot = (i64)e == t ? 1.0f : 0.0f;
+                    g = (expf(x[u] - lse) - onehot) * dloss;
+                }
+                st(gr, e, g);
+            }
         }
     }
 }

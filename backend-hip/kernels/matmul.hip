@@ -7,24 +7,30 @@
 
 #if defined(R)
 // dst line l, element e gets src's where l < src_lines and e < src_inner, else 0 (zero
-// padding; a smaller dst takes a window). Eight consecutive elements per thread, all loaded
-// before any is stored, so that enough loads are in flight.
+// padding; a smaller dst takes a window). Blocks take lines along y and chunks of
+// REPACK_UNROLL x 256 elements along x; a thread's elements are 256 apart, so a warp's loads
+// and stores are contiguous, and all its loads are issued before its stores.
+#define REPACK_UNROLL 8
 KERNEL void repack(const Params p) {
-    const u64 groups = (p.dst_inner + 7) / 8;
-    const u64 total = p.dst_lines * groups;
-    const u64 step = block_count() * blockDim.x;
-    for (u64 g = block_index() * blockDim.x + threadIdx.x; g < total; g += step) {
-        const u64 l = g / groups, e0 = (g - l * groups) * 8;
+    const u64 chunk = (u64)REPACK_UNROLL * blockDim.x;
+    const u64 chunks = (p.dst_inner + chunk - 1) / chunk;
+    for (u64 l = blockIdx.y; l < p.dst_lines; l += gridDim.y) {
         const R* src = (const R*)p.src + l * p.src_ld;
         R* dst = (R*)p.dst + l * p.dst_ld;
-        R v[8];
+        const u64 src_inner = l < p.src_lines ? p.src_inner : 0;
+        for (u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+            const u64 e0 = c * chunk + threadIdx.x;
+            R v[REPACK_UNROLL];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            v[j] = (l < p.src_lines && e0 + j < p.src_inner) ? src[e0 + j] : (R)0;
-        }
+            for (int u = 0; u < REPACK_UNROLL; ++u) {
+                const u64 e = e0 + (u64)u * blockDim.x;
+                v[u] = e < src_inner ? src[e] : (R)0;
+            }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (e0 + j < p.dst_inner) dst[e0 + j] = v[j];
+            for (int u = 0; u < REPACK_UNROLL; ++u) {
+                const u64 e = e0 + (u64)u * blockDim.x;
+                if (e < p.dst_inner) dst[e] = v[u];
+            }
         }
     }
 }

@@ -134,6 +134,8 @@ KERNEL void norm_dw_finish(const Params p) {
     const u64 n = p.n;
     for (u64 c = block_index() * blockDim.x + threadIdx.x; c < n; c += block_count() * blockDim.x) {
         float sw = 0.0f, sb = 0.0f;
+        // Unrolled so that the loads of several partials are in flight; the sums stay in order.
+#pragma unroll 8
         for (u64 k = 0; k < p.chunks; ++k) {
             sw += partial[k * n + c];
             sb += partial[(p.chunks + k) * n + c];

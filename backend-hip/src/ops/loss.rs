@@ -3,8 +3,9 @@
 
 use tessera_core::{DType, Op, Result, TensorRef};
 
-use super::{cxx_type, index_type, unsupported};
-use crate::gpu::{grid_for, rows_grid, Gpu, Source};
+use super::{cxx_type, unsupported};
+use crate::driver::Grid;
+use crate::gpu::{rows_grid, Gpu, Source};
 use crate::params::hip_params;
 
 const SRC: &str = include_str!("../../kernels/loss.hip");
@@ -34,24 +35,21 @@ pub(crate) fn supports(_op: &Op, _dtypes: &[DType]) -> bool {
     true
 }
 
-/// Kernel `entry` for logits of `logits` and targets of `targets`, indexing with `index`.
-fn loss_source(entry: &'static str, logits: DType, targets: DType, index: &str) -> Source {
+/// Kernel `entry` for logits of `logits` and targets of `targets`.
+fn loss_source(entry: &'static str, logits: DType, targets: DType) -> Source {
     Source::new::<LossParams>(SRC, entry)
         .define("T", cxx_type(logits))
         .define("I", cxx_type(targets))
-        .define("IDX", index)
 }
 
 /// The kernels `launch` compiles for `op` on inputs of `dtypes`.
 #[cfg(test)]
 pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
-    match op {
-        Op::CrossEntropy => vec![loss_source("cross_entropy", dtypes[0], dtypes[1], "u64")],
-        _ => ["u32", "u64"]
-            .into_iter()
-            .map(|index| loss_source("cross_entropy_backward", dtypes[0], dtypes[1], index))
-            .collect(),
-    }
+    let entry = match op {
+        Op::CrossEntropy => "cross_entropy",
+        _ => "cross_entropy_backward",
+    };
+    vec![loss_source(entry, dtypes[0], dtypes[1])]
 }
 
 pub(crate) fn launch(
@@ -80,7 +78,7 @@ pub(crate) fn launch(
             params.loss = gpu.ptr(&outputs[0])?;
             params.lse = gpu.ptr(&outputs[1])?;
             let threads = vocab.div_ceil(4).next_power_of_two().clamp(64, 256) as u32;
-            let source = || Ok(loss_source("cross_entropy", t, i, "u64"));
+            let source = || Ok(loss_source("cross_entropy", t, i));
             let key = format!("cross_entropy:{t}:{i}");
             gpu.run(&key, source, rows_grid(rows, threads, 0), &params)
         }
@@ -88,11 +86,18 @@ pub(crate) fn launch(
             params.lse = gpu.ptr(&inputs[2])?;
             params.dloss = gpu.ptr(&inputs[3])?;
             params.dlogits = gpu.ptr(&outputs[0])?;
-            let index = index_type(&[logits, &outputs[0]]);
-            let source = || Ok(loss_source("cross_entropy_backward", t, i, index));
-            let key = format!("cross_entropy_backward:{t}:{i}:{index}");
-            // Four elements per thread (the kernel's unrolling).
-            let grid = grid_for((rows * vocab).div_ceil(4), THREADS);
+            let source = || Ok(loss_source("cross_entropy_backward", t, i));
+            let key = format!("cross_entropy_backward:{t}:{i}");
+            // Rows along y, chunks of 8 x THREADS elements along x (the kernel's unrolling).
+            let grid = Grid {
+                blocks: [
+                    vocab.div_ceil(8 * THREADS as usize).clamp(1, 65_535) as u32,
+                    rows.clamp(1, 65_535) as u32,
+                    1,
+                ],
+                threads: THREADS,
+                shared_bytes: 0,
+            };
             gpu.run(&key, source, grid, &params)
         }
         _ => Err(unsupported(gpu, op)),

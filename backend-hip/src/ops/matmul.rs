@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tessera_core::{merge_dims, Buffer, DType, Layout, Op, Result, TensorRef, UnaryOp};
 
 use super::{cxx_type, elementwise, index_type, raw_type};
-use crate::driver::{DevicePtr, Gemm};
+use crate::driver::{DevicePtr, Gemm, Grid};
 use crate::gpu::{grid_for, Gpu, Source};
 use crate::memory::buffer_address;
 use crate::params::hip_params;
@@ -213,8 +213,18 @@ fn repack(gpu: &Gpu, dtype: DType, src: Lines, dst: Lines) -> Result<()> {
     };
     let key = format!("matmul_repack:{}", dtype.size());
     let source = || Ok(repack_source(dtype));
-    let groups = dst.lines * dst.inner.div_ceil(8);
-    gpu.run(&key, source, grid_for(groups, 256), &params)
+    // Lines along y, chunks of the kernel's REPACK_UNROLL x 256 elements along x (both
+    // loop past the grid).
+    let grid = Grid {
+        blocks: [
+            dst.inner.div_ceil(8 * 256).clamp(1, 65_535) as u32,
+            dst.lines.clamp(1, 65_535) as u32,
+            1,
+        ],
+        threads: 256,
+        shared_bytes: 0,
+    };
+    gpu.run(&key, source, grid, &params)
 }
 
 fn repack_source(dtype: DType) -> Source {

@@ -155,9 +155,8 @@ UNROLL
 // MMA as two 16-bit parts (`split2`). Tiles sit in dynamic shared memory, rows padded by 8
 // elements against bank conflicts. Defines: D, MMA_BF16 (1: bf16, 0: f16), and one of
 // FORWARD_MMA, DQ_MMA, DKV_MMA. Registers bound the blocks an SM holds (the forward needed 141
-// per thread unbounded, three blocks; `__launch_bounds__` keeps it to four); latency is what
-// limits these kernels now (a quarter of the issue slots busy): pipelined tile loads
-// (cp.async) and larger tiles are the next steps.
+// per thread unbounded, three blocks; `__launch_bounds__` keeps it to four), so each kernel
+// overlaps its own tile loads with its work (two stages, cp.async).
 #define BQ 64
 #define BK 64
 #define DP (D + 8)
@@ -214,17 +213,6 @@ DEV void split2(float a, float b, u32& hi, u32& lo) {
     lo = pack2(a - low_half(hi), b - high_half(hi));
 }
 
-// Rows `first..first + BQ` of a head's [rows, D] matrix into a padded tile; rows past `count`
-// are zeros (their scores are masked, and zero values keep P V finite).
-DEV void load_tile(u16* tile, const u16* rows, u32 first, u32 count) {
-    for (u32 e = threadIdx.x * 8; e < BQ * D; e += blockDim.x * 8) {
-        const u32 r = e / D, c = e % D;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (first + r < count) v = *(const uint4*)(rows + (u64)(first + r) * D + c);
-        *(uint4*)(tile + r * DP + c) = v;
-    }
-}
-
 // Fragments of m16n8k16 operands from padded tiles, four 8 x 8 matrices per `ldmatrix`
 // (each lane names one row of one matrix; rows are 16-byte aligned, and the padding puts the
 // 8 rows of a matrix in different banks). `a_frag`: the A operand, rows `r0..r0 + 16`,
@@ -243,6 +231,35 @@ DEV void ldmatrix4_trans(u32* r, const u16* row) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(shared_address(row)));
 }
+// Tiles move from global to shared memory asynchronously (cp.async, 16 bytes per copy), in
+// groups: a kernel starts the next tile's group, then waits for all but that one, so each
+// tile's load overlaps the work on the one before (two stages).
+// `load_tile`: rows `first..first + 64` of a head's [rows, D] matrix into a padded tile;
+// rows past `count` are zero-filled (their scores are masked, and zeros keep products
+// finite). `load_column`: 64 f32 values, those past `count` zero-filled.
+DEV void load_tile(u16* tile, const u16* rows, u32 first, u32 count) {
+    for (u32 e = threadIdx.x * 8; e < BQ * D; e += blockDim.x * 8) {
+        const u32 r = e / D, c = e % D;
+        const bool inside = first + r < count;
+        const u16* src = inside ? rows + (u64)(first + r) * D + c : rows;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                     :: "r"(shared_address(tile + r * DP + c)), "l"(src), "r"(inside ? 16u : 0u)
+                     : "memory");
+    }
+}
+DEV void load_column(float* column, const float* values, u32 first, u32 count) {
+    for (u32 e = threadIdx.x; e < BQ; e += blockDim.x) {
+        const bool inside = first + e < count;
+        const float* src = inside ? values + first + e : values;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                     :: "r"((u32)__cvta_generic_to_shared(column + e)), "l"(src), "r"(inside ? 4u : 0u)
+                     : "memory");
+    }
+}
+DEV void commit_loads() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+DEV void wait_loads_but_newest() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+DEV void wait_loads() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
 DEV void a_frag(u32* a, const u16* tile, u32 r0, int kk, u32 lane) {
     const u32 m = lane / 8;
     ldmatrix4(a, tile + (r0 + lane % 8 + (m % 2) * 8) * DP + kk * 16 + (m / 2) * 8);
@@ -320,9 +337,9 @@ DEV void store_rows(T* out, float (*acc)[4], float mul, u32 r0, u32 count, u32 g
 // quad), then O += P V.
 KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
     extern __shared__ uint4 smem_words[];
+    // The query tile, then two stages of key and value tiles.
     u16* qs = (u16*)smem_words;
-    u16* ks = qs + BQ * DP;
-    u16* vs = ks + BK * DP;
+    u16* stages = qs + BQ * DP;
     const u32 tq = p.q_len;
     const u32 blocks = (tq + BQ - 1) / BQ;
     const u32 group = p.heads / p.kv_heads;
@@ -337,6 +354,9 @@ KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
         const u16* vh = (const u16*)v_head(p, b, g);
         __syncthreads();
         load_tile(qs, (const u16*)p.q + bh * tq * D, i0, tq);
+        load_tile(stages, kh, 0, p.k_len);
+        load_tile(stages + BK * DP, vh, 0, p.k_len);
+        commit_loads();
         float o[D / 8][4];
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
@@ -346,10 +366,16 @@ KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
         float m[2] = {-inf_f(), -inf_f()}, l[2] = {0.0f, 0.0f};
         const u32 last = (i0 + BQ < tq ? i0 + BQ : tq) - 1;
         const u32 span = visible(p, last);
-        for (u32 j0 = 0; j0 < span; j0 += BK) {
-            __syncthreads();
-            load_tile(ks, kh, j0, p.k_len);
-            load_tile(vs, vh, j0, p.k_len);
+        for (u32 j0 = 0, stage = 0; j0 < span; j0 += BK, stage ^= 1) {
+            const u16* ks = stages + stage * 2 * BK * DP;
+            const u16* vs = ks + BK * DP;
+            if (j0 + BK < span) {
+                u16* next = stages + (stage ^ 1) * 2 * BK * DP;
+                load_tile(next, kh, j0 + BK, p.k_len);
+                load_tile(next + BK * DP, vh, j0 + BK, p.k_len);
+            }
+            commit_loads();
+            wait_loads_but_newest();
             __syncthreads();
             float s[BK / 8][4];
             scores(s, qs, warp * 16, ks, lane);
@@ -391,7 +417,10 @@ KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
                 o[nt][3] *= corr[1];
             }
             accumulate_product(o, s, vs, lane);
+            // The next step loads into the stage this one read.
+            __syncthreads();
         }
+        wait_loads();
         float inv[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -422,10 +451,10 @@ KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
 // dS = P (dP - delta) and dQ += dS K. P = exp(scale q.k - lse), dP = dout . v.
 KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
     extern __shared__ uint4 smem_words[];
+    // The query and output-gradient tiles, then two stages of key and value tiles.
     u16* qs = (u16*)smem_words;
     u16* gs = qs + BQ * DP;
-    u16* ks = gs + BQ * DP;
-    u16* vs = ks + BK * DP;
+    u16* stages = gs + BQ * DP;
     const u32 tq = p.q_len;
     const u32 blocks = (tq + BQ - 1) / BQ;
     const u32 group = p.heads / p.kv_heads;
@@ -456,10 +485,19 @@ KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
         for (int pass = 0; pass < 2; ++pass) {
-            for (u32 j0 = 0; j0 < span; j0 += BK) {
-                __syncthreads();
-                load_tile(ks, kh, j0, p.k_len);
-                load_tile(vs, vh, j0, p.k_len);
+            load_tile(stages, kh, 0, p.k_len);
+            load_tile(stages + BK * DP, vh, 0, p.k_len);
+            commit_loads();
+            for (u32 j0 = 0, stage = 0; j0 < span; j0 += BK, stage ^= 1) {
+                const u16* ks = stages + stage * 2 * BK * DP;
+                const u16* vs = ks + BK * DP;
+                if (j0 + BK < span) {
+                    u16* next = stages + (stage ^ 1) * 2 * BK * DP;
+                    load_tile(next, kh, j0 + BK, p.k_len);
+                    load_tile(next + BK * DP, vh, j0 + BK, p.k_len);
+                }
+                commit_loads();
+                wait_loads_but_newest();
                 __syncthreads();
                 float s[8][4], dp[8][4];
                 scores(s, qs, warp * 16, ks, lane);
@@ -478,7 +516,10 @@ KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
                     }
                 }
                 if (pass == 1) accumulate_product(acc, s, ks, lane);
+                // The next step loads into the stage this one read.
+                __syncthreads();
             }
+            wait_loads();
             if (pass == 0) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
@@ -499,13 +540,13 @@ KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
 // S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q (scaled once at the
 // end), with delta from `dq_mma`.
 KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
+    // The key and value tiles, then two stages of a query tile, an output-gradient tile and
+    // the lse and delta of their rows.
     extern __shared__ uint4 smem_words[];
     u16* ks = (u16*)smem_words;
     u16* vs = ks + BK * DP;
-    u16* qs = vs + BK * DP;
-    u16* gs = qs + BQ * DP;
-    float* lse2_col = (float*)(gs + BQ * DP);
-    float* delta_col = lse2_col + BQ;
+    u16* stages = vs + BK * DP;
+    const u32 stage_halves = 2 * BQ * DP + 2 * BQ * 2;
     const u32 tq = p.q_len, tk = p.k_len;
     const u32 blocks = (tk + BK - 1) / BK;
     const u32 group = p.heads / p.kv_heads;
@@ -516,11 +557,28 @@ KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
         const u64 bg = t / blocks;
         const u32 j0 = (u32)(t % blocks) * BK;
         const u64 b = bg / p.kv_heads, g = bg % p.kv_heads;
+        // Query i sees key j when j + Tq <= i + Tk: the first query the block's keys meet,
+        // and the query tiles from there on, head after head of the group.
+        const u32 first = (p.causal && j0 + tq > tk) ? j0 + tq - tk : 0;
+        const u32 per_head = first < tq ? (tq - first + BQ - 1) / BQ : 0;
+        const u32 steps = per_head * group;
+        // Loads query tile `n` (of `steps`) into `stage`.
+        auto load_step = [&](u32 n, u32 stage) {
+            const u64 qrow0 = (b * p.heads + g * group + n / per_head) * tq;
+            const u32 i0 = first + (n % per_head) * BQ;
+            u16* qs = stages + stage * stage_halves;
+            u16* gs = qs + BQ * DP;
+            float* lse_col = (float*)(gs + BQ * DP);
+            load_tile(qs, (const u16*)p.q + qrow0 * D, i0, tq);
+            load_tile(gs, (const u16*)p.dout + qrow0 * D, i0, tq);
+            load_column(lse_col, (const float*)p.lse + qrow0, i0, tq);
+            load_column(lse_col + BQ, (const float*)p.delta + qrow0, i0, tq);
+        };
         __syncthreads();
         load_tile(ks, (const u16*)k_head(p, b, g), j0, tk);
         load_tile(vs, (const u16*)v_head(p, b, g), j0, tk);
-        // Query i sees key j when j + Tq <= i + Tk: the first query the block's keys meet.
-        const u32 first = (p.causal && j0 + tq > tk) ? j0 + tq - tk : 0;
+        if (steps > 0) load_step(0, 0);
+        commit_loads();
         const u32 keys[2] = {j0 + warp * 16 + gid, j0 + warp * 16 + gid + 8};
         float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -528,37 +586,37 @@ KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
             dk[nt][0] = dk[nt][1] = dk[nt][2] = dk[nt][3] = 0.0f;
             dv[nt][0] = dv[nt][1] = dv[nt][2] = dv[nt][3] = 0.0f;
         }
-        for (u32 hh = 0; hh < group; ++hh) {
-            const u64 qrow0 = (b * p.heads + g * group + hh) * tq;
-            for (u32 i0 = first; i0 < tq; i0 += BQ) {
-                __syncthreads();
-                load_tile(qs, (const u16*)p.q + qrow0 * D, i0, tq);
-                load_tile(gs, (const u16*)p.dout + qrow0 * D, i0, tq);
-                for (u32 e = threadIdx.x; e < BQ; e += blockDim.x) {
-                    const bool live = i0 + e < tq;
-                    lse2_col[e] = live ? ((const float*)p.lse)[qrow0 + i0 + e] * LOG2E : 0.0f;
-                    delta_col[e] = live ? ((const float*)p.delta)[qrow0 + i0 + e] : 0.0f;
-                }
-                __syncthreads();
-                float s[8][4], dp[8][4];
-                scores(s, ks, warp * 16, qs, lane);
-                scores(dp, vs, warp * 16, gs, lane);
+        for (u32 n = 0, stage = 0; n < steps; ++n, stage ^= 1) {
+            if (n + 1 < steps) load_step(n + 1, stage ^ 1);
+            commit_loads();
+            wait_loads_but_newest();
+            __syncthreads();
+            const u16* qs = stages + stage * stage_halves;
+            const u16* gs = qs + BQ * DP;
+            const float* lse_col = (const float*)(gs + BQ * DP);
+            const float* delta_col = lse_col + BQ;
+            const u32 i0 = first + (n % per_head) * BQ;
+            float s[8][4], dp[8][4];
+            scores(s, ks, warp * 16, qs, lane);
+            scores(dp, vs, warp * 16, gs, lane);
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < 8; ++j) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const u32 c = j * 8 + tig * 2 + (e & 1);
-                        const u32 i = i0 + c;
-                        const bool seen = i < tq && (!p.causal || keys[e / 2] + tq <= i + tk);
-                        const float pj = seen ? exp2f(s[j][e] * scale2 - lse2_col[c]) : 0.0f;
-                        s[j][e] = pj;
-                        dp[j][e] = pj * (dp[j][e] - delta_col[c]);
-                    }
+                for (int e = 0; e < 4; ++e) {
+                    const u32 c = j * 8 + tig * 2 + (e & 1);
+                    const u32 i = i0 + c;
+                    const bool seen = i < tq && (!p.causal || keys[e / 2] + tq <= i + tk);
+                    const float pj = seen ? exp2f(s[j][e] * scale2 - lse_col[c] * LOG2E) : 0.0f;
+                    s[j][e] = pj;
+                    dp[j][e] = pj * (dp[j][e] - delta_col[c]);
                 }
-                accumulate_product(dv, s, gs, lane);
-                accumulate_product(dk, dp, qs, lane);
             }
+            accumulate_product(dv, s, gs, lane);
+            accumulate_product(dk, dp, qs, lane);
+            // The next step loads into the stage this one read.
+            __syncthreads();
         }
+        wait_loads();
         store_rows((T*)p.dk + bg * tk * D, dk, p.scale, j0 + warp * 16, tk, gid, tig);
         store_rows((T*)p.dv + bg * tk * D, dv, 1.0f, j0 + warp * 16, tk, gid, tig);
     }

@@ -114,15 +114,17 @@ fn mma_source(entry: &'static str, dtype: DType, d: usize) -> Source {
         .define("TILE", "64")
 }
 
-/// Shared memory of tensor-core kernel `entry`: tiles of 64 rows of `d + 8` 16-bit values
-/// (query, key and value for the forward; query, output gradient, key and value for the
-/// backward), and for `dkv_mma` two statistics per query row.
+/// Shared memory of tensor-core kernel `entry`: tiles of 64 rows of `d + 8` 16-bit values,
+/// those streamed in two stages. The forward: the query tile and two stages of key and
+/// value tiles; `dq_mma`: the query and output-gradient tiles and two stages of key and value
+/// tiles; `dkv_mma`: the key and value tiles and two stages of a query tile, an
+/// output-gradient tile and 64 lse and delta values.
 fn mma_shared_bytes(entry: &str, d: usize) -> u32 {
     let tile = 64 * (d + 8) * 2;
     match entry {
-        "forward_mma" => (3 * tile) as u32,
-        "dq_mma" => (4 * tile) as u32,
-        _ => (4 * tile + 2 * 64 * 4) as u32,
+        "forward_mma" => (5 * tile) as u32,
+        "dq_mma" => (6 * tile) as u32,
+        _ => (2 * tile + 2 * (2 * tile + 2 * 64 * 4)) as u32,
     }
 }
 

@@ -1,4 +1,5 @@
-//! Rotary embeddings and attention, forward and backward.
+//! Rotary embeddings and attention, forward and backward, and attention over a KV cache at
+//! positions read from the device (`CachedAttention`, the forward with other visible keys).
 //!
 //! Attention runs one query row at a time: each task holds one row of scores (`Tk` values),
 //! never a whole score matrix. The backward pass runs one task per (batch, key/value head),
@@ -8,7 +9,7 @@
 use rayon::prelude::*;
 use tessera_core::{Op, Result, TensorRef};
 
-use crate::buffer::{read, write};
+use crate::buffer::{read, read_index, write};
 use crate::float::{computes_in_f64, Float};
 use crate::wrong_family;
 
@@ -85,7 +86,16 @@ fn run<F: Float>(
     match op {
         Op::Rotary => rotary::<F>(inputs, outputs),
         Op::Attention { causal } => {
-            forward::<F>(Dims::new(inputs, *causal), F::of_f64(s[0]), inputs, outputs)
+            let dims = Dims::new(inputs, *causal);
+            forward::<F>(dims, F::of_f64(s[0]), |i| dims.visible(i), inputs, outputs)
+        }
+        Op::CachedAttention => {
+            let dims = Dims::new(inputs, true);
+            let positions = read_index(&inputs[3])?;
+            // Keys up to the query's position, within the cache.
+            let visible =
+                |i: usize| usize::try_from(positions[i]).map_or(0, |p| (p + 1).min(dims.tk));
+            forward::<F>(dims, F::of_f64(s[0]), visible, inputs, outputs)
         }
         Op::AttentionBackward { causal } => {
             backward::<F>(Dims::new(inputs, *causal), F::of_f64(s[0]), inputs, outputs)
@@ -122,9 +132,12 @@ fn rotary<F: Float>(inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>]) -> Resu
     write(&outputs[0], &y)
 }
 
+/// Attention forward; query row `i` sees keys `0..visible(i)`. The log-sum-exp is written
+/// where the op has that output (not `CachedAttention`).
 fn forward<F: Float>(
     dims: Dims,
     scale: F,
+    visible: impl Fn(usize) -> usize + Sync,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
@@ -155,7 +168,7 @@ fn forward<F: Float>(
                 let qi = &q[row * d..(row + 1) * d];
                 let keys = &k[kv * tk * d..(kv + 1) * tk * d];
                 let values = &v[kv * tk * dv..(kv + 1) * tk * dv];
-                let n = dims.visible(i);
+                let n = visible(i);
                 let mut out = vec![F::zero(); dv];
                 if n == 0 {
                     return (out, F::neg_infinity());
@@ -189,7 +202,10 @@ fn forward<F: Float>(
         lse.push(l);
     }
     write(&outputs[0], &out)?;
-    write(&outputs[1], &lse)
+    match outputs.get(1) {
+        Some(lse_out) => write(lse_out, &lse),
+        None => Ok(()),
+    }
 }
 
 fn backward<F: Float>(

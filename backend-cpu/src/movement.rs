@@ -1,12 +1,16 @@
-//! Movement: concatenation, embedding, gather, and the deterministic accumulations
-//! (embedding backward, scatter-add).
+//! Movement: concatenation, embedding, gather, index copies, and the deterministic
+//! accumulations (embedding backward, scatter-add).
 //!
 //! Concat, embedding and gather move raw element bytes, so they work for every dtype. The
 //! accumulations run in source order on one thread, which makes them deterministic.
 
+use std::sync::Arc;
+
 use tessera_core::{contiguous_strides, numel, DType, Layout, Op, Result, TensorRef};
 
-use crate::buffer::{read, read_index, read_raw, with_bytes, write, write_raw};
+use crate::buffer::{
+    bytes_mut, cpu_buffer, read, read_index, read_raw, with_bytes, write, write_raw,
+};
 use crate::float::{computes_in_f64, Float};
 use crate::wrong_family;
 
@@ -29,6 +33,7 @@ pub(crate) fn launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>
             accumulate(&inputs[1], out, &targets)
         }
         Op::Gather { axis } => gather(*axis, &inputs[0], &inputs[1], out),
+        Op::IndexCopy { axis } => index_copy(*axis, inputs, out),
         Op::ScatterAdd { axis } => {
             let index = read_index(&inputs[0])?;
             let shape = &out.layout.shape;
@@ -52,6 +57,39 @@ pub(crate) fn launch(op: &Op, inputs: &[TensorRef<'_>], outputs: &[TensorRef<'_>
         }
         _ => Err(wrong_family(op)),
     }
+}
+
+/// Copies `src`'s rows into `out` at the indexed positions along `axis`, after `dst` where
+/// `out` is not `dst` itself: only those rows are written, so a cache updated in place costs
+/// what the new rows cost.
+fn index_copy(axis: usize, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<()> {
+    let dst = &inputs[0];
+    let in_place = std::ptr::addr_eq(Arc::as_ptr(dst.buffer), Arc::as_ptr(out.buffer))
+        && dst.layout == out.layout;
+    if !in_place {
+        write_raw(out, &read_raw(dst)?)?;
+    }
+    let index = read_index(&inputs[1])?;
+    let src = read_raw(&inputs[2])?;
+    let shape = &out.layout.shape;
+    let size = out.dtype.size();
+    let (outer, along) = (numel(&shape[..axis]), shape[axis]);
+    let row = numel(&shape[axis + 1..]) * size;
+    let base = out.layout.offset * size;
+    cpu_buffer(out.buffer)?.write(|words| {
+        let bytes = bytes_mut(words);
+        for o in 0..outer {
+            for (t, &i) in index.iter().enumerate() {
+                let Some(i) = usize::try_from(i).ok().filter(|&i| i < along) else {
+                    continue;
+                };
+                let to = base + (o * along + i) * row;
+                let from = (o * index.len() + t) * row;
+                bytes[to..to + row].copy_from_slice(&src[from..from + row]);
+            }
+        }
+        Ok(())
+    })
 }
 
 fn concat(axis: usize, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<()> {

@@ -147,6 +147,94 @@ UNROLL
 }
 #endif
 
+#if defined(CACHED)
+// Attention over a KV cache at positions read from the device (`CachedAttention`: decoding),
+// a block per query row. Its warps take every WARPS-th visible key, each lane a slice of the
+// head dims (the dot product summed across the warp), each warp keeping its own online
+// softmax; the warps' maxima, sums and partial outputs merge at the end. Keys past the
+// query's position are never read. I: the positions' type; THREADS: the block's threads.
+#define WARPS (THREADS / WARP_SIZE)
+#define QL ((KA + WARP_SIZE - 1) / WARP_SIZE)
+#define VL ((VA + WARP_SIZE - 1) / WARP_SIZE)
+KERNEL __launch_bounds__(THREADS) void cached(const Params p) {
+    __shared__ float part_m[WARPS];
+    __shared__ float part_l[WARPS];
+    __shared__ float part_acc[WARPS * VA];
+    const u32 w = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const u32 tq = p.q_len;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 rows = (u64)p.batch * p.heads * tq;
+    for (u64 row = block_index(); row < rows; row += block_count()) {
+        const u64 bh = row / tq;
+        const u32 i = (u32)(row % tq);
+        const u64 b = bh / p.heads, g = (bh % p.heads) / group;
+        const i64 pos = (i64)((const I*)p.positions)[i];
+        const u32 n = pos < 0 ? 0u : (pos < (i64)p.k_len ? (u32)pos + 1 : p.k_len);
+        const T* kh = k_head(p, b, g);
+        const T* vh = v_head(p, b, g);
+        const T* qr = (const T*)p.q + row * KD;
+        float q[QL];
+        float acc[VL];
+UNROLL
+        for (int c = 0; c < QL; ++c) {
+            const u32 d = lane + c * WARP_SIZE;
+            q[c] = d < (u32)KD ? ld(qr, d) : 0.0f;
+        }
+UNROLL
+        for (int c = 0; c < VL; ++c) acc[c] = 0.0f;
+        float m = -inf_f(), l = 0.0f;
+        for (u32 j = w; j < n; j += WARPS) {
+            const T* kr = kh + (u64)j * KD;
+            const T* vr = vh + (u64)j * VD;
+            float s = 0.0f;
+UNROLL
+            for (int c = 0; c < QL; ++c) {
+                const u32 d = lane + c * WARP_SIZE;
+                if (d < (u32)KD) s += q[c] * ld(kr, d);
+            }
+            s = p.scale * warp_sum(s);
+            if (s > m) {
+                const float alpha = expf(m - s);
+                l *= alpha;
+UNROLL
+                for (int c = 0; c < VL; ++c) acc[c] *= alpha;
+                m = s;
+            }
+            const float e = expf(s - m);
+            l += e;
+UNROLL
+            for (int c = 0; c < VL; ++c) {
+                const u32 d = lane + c * WARP_SIZE;
+                if (d < (u32)VD) acc[c] += e * ld(vr, d);
+            }
+        }
+        if (lane == 0) {
+            part_m[w] = m;
+            part_l[w] = l;
+        }
+UNROLL
+        for (int c = 0; c < VL; ++c) {
+            const u32 d = lane + c * WARP_SIZE;
+            if (d < (u32)VD) part_acc[w * VA + d] = acc[c];
+        }
+        __syncthreads();
+        float top = -inf_f();
+        for (u32 k = 0; k < WARPS; ++k) top = fmaxf(top, part_m[k]);
+        T* out = (T*)p.out + row * VD;
+        for (u32 d = threadIdx.x; d < VD; d += blockDim.x) {
+            float sum = 0.0f, value = 0.0f;
+            for (u32 k = 0; k < WARPS; ++k) {
+                const float f = part_m[k] == -inf_f() ? 0.0f : expf(part_m[k] - top);
+                sum += part_l[k] * f;
+                value += part_acc[k * VA + d] * f;
+            }
+            st(out, d, n == 0 ? 0.0f : value / sum);
+        }
+        __syncthreads();
+    }
+}
+#endif
+
 #if defined(MMA) && defined(TESSERA_NVIDIA)
 // Attention on NVIDIA's tensor cores, for 16-bit data and equal query and value head dims D
 // (a multiple of 16, at most 128): four warps per block, 16 rows each, the other side in

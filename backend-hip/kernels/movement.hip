@@ -58,6 +58,22 @@ KERNEL void embedding(const Params p) {
     }
 }
 
+// Index copy: `src`'s rows of `row` words (`positions` of them per outer slice) into `dst` at
+// row `index[t]` of each slice of `rows` rows; indices outside the slice are skipped. The
+// rows not indexed are left alone, so the copy may run in place.
+KERNEL void index_copy(const Params p) {
+    const W* src = (const W*)p.src;
+    const I* index = (const I*)p.index;
+    W* dst = (W*)p.dst;
+    const IDX row = (IDX)p.row, count = (IDX)p.positions;
+    FOR_EACH(e, p.elements) {
+        const IDX r = e / row;
+        const IDX o = r / count, t = r - o * count;
+        const i64 id = (i64)index[t];
+        if (id >= 0 && id < (i64)p.rows) dst[(o * (IDX)p.rows + (IDX)id) * row + (e - r * row)] = src[e];
+    }
+}
+
 // out[e] = x[..., index[e], ...] along `axis`: the index's coordinates of e, through x's
 // strides; zero for indices outside 0..rows.
 KERNEL void gather(const Params p) {

@@ -209,21 +209,32 @@ KERNEL void argmax_thread(const Params p) {
 }
 
 // Argmax with a block per output (blockDim.x a power of two, at most 1024): each thread scans
-// every blockDim.x-th element, then a tree keeps the better of each pair.
-KERNEL void argmax_block(const Params p) {
+// every blockDim.x-th element, four loads in flight at a time (`better` breaks ties by
+// index, so the order of comparisons does not matter), then a tree keeps the better of each
+// pair.
+KERNEL __launch_bounds__(1024) void argmax_block(const Params p) {
     __shared__ float sv[1024];
     __shared__ IDX si[1024];
     const u32 t = threadIdx.x;
-    const IDX n = (IDX)p.row_len;
+    const IDX n = (IDX)p.row_len, stride = (IDX)blockDim.x;
     for (u64 o = block_index(); o < p.rows; o += block_count()) {
         const IDX base = kept_offset(p, o);
         float bv = ld(X, base);
         IDX bi = 0;
-        for (IDX r = t; r < n; r += blockDim.x) {
-            const float v = ld(X, base + reduced_offset(p, r));
-            if (better(bv, bi, v, r)) {
-                bv = v;
-                bi = r;
+        for (IDX r0 = t; r0 < n; r0 += 4 * stride) {
+            float v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const IDX r = r0 + (IDX)k * stride;
+                v[k] = r < n ? ld(X, base + reduced_offset(p, r)) : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const IDX r = r0 + (IDX)k * stride;
+                if (r < n && better(bv, bi, v[k], r)) {
+                    bv = v[k];
+                    bi = r;
+                }
             }
         }
         sv[t] = bv;

@@ -7,7 +7,7 @@ use tessera_core::exec::KernelCache;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
     check_byte_range, Buffer, DType, Device, DeviceInfo, Error, Features, Kernel, KernelTime,
-    Limits, MemoryStats, Op, PendingBytes, Result, TensorRef,
+    Limits, MemoryStats, Op, PendingBytes, Recording, Result, TensorRef,
 };
 
 use crate::driver::Driver;
@@ -78,12 +78,14 @@ impl Device for HipDevice {
     }
 
     fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
+        self.no_host_copy("write")?;
         check_byte_range("write", buffer, offset, data.len())?;
         let base = buffer_address(self.gpu.backend(), buffer)?;
         self.gpu.driver.upload(base + offset as u64, data)
     }
 
     fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.no_host_copy("read")?;
         check_byte_range("read", buffer, offset, out.len())?;
         let base = buffer_address(self.gpu.backend(), buffer)?;
         self.gpu.count_sync();
@@ -96,6 +98,7 @@ impl Device for HipDevice {
         offset: usize,
         len: usize,
     ) -> Result<Box<dyn PendingBytes>> {
+        self.no_host_copy("read_later")?;
         check_byte_range("read_later", buffer, offset, len)?;
         let base = buffer_address(self.gpu.backend(), buffer)?;
         self.gpu.count_sync();
@@ -114,6 +117,7 @@ impl Device for HipDevice {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.no_host_copy("synchronize")?;
         self.gpu.count_sync();
         self.gpu.driver.synchronize()
     }
@@ -144,6 +148,28 @@ impl Device for HipDevice {
 
     fn profile(&self) -> Vec<KernelTime> {
         self.gpu.profile()
+    }
+
+    fn begin_recording(&self) -> Result<()> {
+        self.gpu.begin_recording()
+    }
+
+    fn end_recording(&self) -> Result<Box<dyn Recording>> {
+        self.gpu.end_recording()
+    }
+}
+
+impl HipDevice {
+    /// Refuses host copies and waits while the calling thread records: they cannot be part
+    /// of a graph.
+    fn no_host_copy(&self, what: &str) -> Result<()> {
+        if self.gpu.recording_here() {
+            return Err(Error::invalid(
+                what,
+                "a recorded step cannot copy between host and device or wait for the device",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -180,6 +206,8 @@ impl Kernel for HipKernel {
             backend: "hip".into(),
             detail: "the device of this kernel was dropped".into(),
         })?;
+        gpu.keep(inputs);
+        gpu.keep(outputs);
         ops::launch(&gpu, &self.op, inputs, outputs, scalars)
     }
 }

@@ -1,5 +1,7 @@
 //! A device's runtime state that the op planners launch through: the driver, the memory
-//! pool, and the kernels compiled so far.
+//! pool, the kernels compiled so far, and the recording in progress (CUDA graphs: the
+//! recording thread's allocations come from a pool of the recording's own, and the buffers
+//! its kernels touch stay alive with the graph).
 //!
 //! A kernel's source is the prelude, the planner's defines, its parameter struct and its
 //! family's file (`kernels/<family>.hip`). Compiled code is kept in memory per planner key and
@@ -9,11 +11,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use tessera_core::exec::{fnv1a, DiskCache};
-use tessera_core::{Buffer, DeviceInfo, Error, KernelTime, KernelTotals, Result, TensorRef};
+use tessera_core::{
+    Buffer, DeviceInfo, Error, KernelTime, KernelTotals, Recording, Result, TensorRef,
+};
 
-use crate::driver::{DevicePtr, Driver, Event, Function, Grid};
+use crate::driver::{DevicePtr, Driver, Event, Function, Graph, Grid};
 use crate::memory::{self, lock, SharedPool};
 use crate::params::Params;
 
@@ -63,6 +68,45 @@ pub(crate) struct Gpu {
     disk: Option<DiskCache>,
     pub syncs: AtomicU64,
     profile: Mutex<Profile>,
+    capture: Mutex<Option<Capture>>,
+}
+
+/// A recording in progress: the thread whose work is captured, the pool its allocations come
+/// from, and the buffers from elsewhere that its kernels touch, by address (kept for as long
+/// as the graph lives, so none returns to a pool while a replay may use it).
+struct Capture {
+    thread: ThreadId,
+    pool: SharedPool,
+    kept: HashMap<usize, Arc<dyn Buffer>>,
+}
+
+/// A captured graph with the memory it runs on. Dropping it waits for its replays.
+pub(crate) struct GpuRecording {
+    driver: Arc<dyn Driver>,
+    graph: Graph,
+    _pool: SharedPool,
+    _kept: Vec<Arc<dyn Buffer>>,
+}
+
+impl std::fmt::Debug for GpuRecording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuRecording")
+            .field("graph", &self.graph)
+            .field("buffers", &self._kept.len())
+            .finish()
+    }
+}
+
+impl Recording for GpuRecording {
+    fn replay(&self) -> Result<()> {
+        self.driver.launch_graph(self.graph)
+    }
+}
+
+impl Drop for GpuRecording {
+    fn drop(&mut self) {
+        self.driver.destroy_graph(self.graph);
+    }
 }
 
 /// Kernel times while profiling: launches bracketed by events, resolved into totals when
@@ -87,6 +131,7 @@ impl Gpu {
             disk: DiskCache::for_backend("hip"),
             syncs: AtomicU64::new(0),
             profile: Mutex::new(Profile::default()),
+            capture: Mutex::new(None),
         }
     }
 
@@ -197,9 +242,89 @@ impl Gpu {
         profile.totals.report()
     }
 
-    /// A buffer of `bytes` from the pool (scratch for partial results, say).
+    /// A buffer of `bytes` from the pool (scratch for partial results, say); while the
+    /// calling thread records, from the recording's pool.
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
-        memory::alloc(&self.driver, &self.pool, bytes)
+        let pool = match &*lock(&self.capture) {
+            Some(c) if c.thread == std::thread::current().id() => c.pool.clone(),
+            _ => self.pool.clone(),
+        };
+        memory::alloc(&self.driver, &pool, bytes)
+    }
+
+    /// Whether the calling thread is recording.
+    pub(crate) fn recording_here(&self) -> bool {
+        lock(&self.capture)
+            .as_ref()
+            .is_some_and(|c| c.thread == std::thread::current().id())
+    }
+
+    /// While the calling thread records, keeps the buffers of `tensors` that did not come
+    /// from the recording's pool alive as long as the recording.
+    pub(crate) fn keep(&self, tensors: &[TensorRef<'_>]) {
+        let mut capture = lock(&self.capture);
+        let Some(c) = capture
+            .as_mut()
+            .filter(|c| c.thread == std::thread::current().id())
+        else {
+            return;
+        };
+        for t in tensors {
+            if !memory::from_pool(t.buffer, &c.pool) {
+                let key = Arc::as_ptr(t.buffer) as *const () as usize;
+                c.kept.entry(key).or_insert_with(|| t.buffer.clone());
+            }
+        }
+    }
+
+    /// Starts recording the calling thread's work (`Device::begin_recording`).
+    pub(crate) fn begin_recording(&self) -> Result<()> {
+        // Timing brackets every launch with events, which a graph cannot hold: profiled
+        // steps run eagerly, kernel by kernel.
+        if lock(&self.profile).on {
+            return Err(Error::unsupported(
+                self.backend(),
+                "recording work while kernels are profiled",
+            ));
+        }
+        let mut capture = lock(&self.capture);
+        if capture.is_some() {
+            return Err(Error::invalid(
+                "begin_recording",
+                "the device is already recording (one recording at a time)",
+            ));
+        }
+        self.driver.begin_capture()?;
+        *capture = Some(Capture {
+            thread: std::thread::current().id(),
+            pool: SharedPool::default(),
+            kept: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    /// Ends the calling thread's recording (`Device::end_recording`).
+    pub(crate) fn end_recording(&self) -> Result<Box<dyn Recording>> {
+        let capture = {
+            let mut slot = lock(&self.capture);
+            match slot.take() {
+                Some(c) if c.thread == std::thread::current().id() => c,
+                other => {
+                    *slot = other;
+                    return Err(Error::invalid(
+                        "end_recording",
+                        "this thread is not recording on the device",
+                    ));
+                }
+            }
+        };
+        let graph = self.driver.end_capture()?;
+        Ok(Box::new(GpuRecording {
+            driver: self.driver.clone(),
+            graph,
+            _pool: capture.pool,
+            _kept: capture.kept.into_values().collect(),
+        }))
     }
 
     /// The device address of `t`'s first element.

@@ -120,6 +120,14 @@ fn alloc_block(
     }))
 }
 
+/// Whether `buffer` came from `pool`.
+pub(crate) fn from_pool(buffer: &Arc<dyn Buffer>, pool: &SharedPool) -> bool {
+    buffer
+        .as_any()
+        .downcast_ref::<HipBuffer>()
+        .is_some_and(|b| Arc::ptr_eq(&b.pool, pool))
+}
+
 /// The device address of a tensor's first element, for backend `backend` (whose buffers are
 /// [`HipBuffer`]s).
 pub(crate) fn address(backend: &str, t: &TensorRef<'_>) -> Result<DevicePtr> {

@@ -395,14 +395,16 @@ impl From<Error> for LaunchError {
     }
 }
 
-/// Which inputs an in-place update writes, by output: `(param, m, v)` or `(param, [buf])`.
+/// Which inputs an in-place update writes, by output: `(param, m, v)`, `(param, [buf])` or
+/// an index copy's `dst`.
 fn in_place_inputs(op: &Op) -> Vec<usize> {
     match op {
         Op::AdamUpdate { .. } => vec![0, 2, 3],
         Op::SgdUpdate { momentum: true, .. } => vec![0, 2],
         Op::SgdUpdate {
             momentum: false, ..
-        } => vec![0],
+        }
+        | Op::IndexCopy { .. } => vec![0],
         _ => Vec::new(),
     }
 }

@@ -1,6 +1,8 @@
 //! Model-level conformance: GPT-2 and Llama logits, loss, every gradient, one AdamW step and a
 //! greedy generation against what Hugging Face transformers computed for the same weights
-//! (`expected.safetensors` in each fixture directory), on every available device.
+//! (`expected.safetensors` in each fixture directory), on every available device; decoding
+//! at device positions against a full forward, and replayed decoding steps against eager
+//! ones, bit for bit.
 //!
 //! Fixture directories: every directory under `$TESSERA_SHARED/fixtures/hf` (else
 //! `../shared/fixtures/hf` beside the workspace); `TESSERA_HF_FIXTURES`, a colon-separated
@@ -17,7 +19,7 @@ use tessera::models::{Transformer, TransformerConfig};
 use tessera::nn::KvCache;
 use tessera::optim::{Adam, Optimizer, ParamGroup};
 use tessera::rng::RngState;
-use tessera::{no_grad, DType, Device, Tensor};
+use tessera::{no_grad, DType, Device, ReplayedStep, Tensor};
 use tessera_conformance::{devices_under_test, shared_dir};
 
 /// Absolute tolerance of gradients and updated parameters (the f32 bar).
@@ -276,20 +278,40 @@ fn hugging_face_fixtures_match_on_every_device() {
     }
 }
 
+/// Asserts that logits decoded through a cache agree with a full forward's to f32 rounding
+/// (the kernels differ: few-row matmuls, decoding attention).
+fn assert_logits_agree(label: &str, cached: &[f64], full: &[f64], vocab: usize) {
+    assert_eq!(cached.len(), full.len(), "{label}: logits");
+    for (i, (got, want)) in cached.iter().zip(full).enumerate() {
+        assert!(
+            (got - want).abs() <= 1e-4 + 1e-4 * want.abs(),
+            "{label}: logit {} of position {}: cached {got}, full {want}",
+            i % vocab,
+            i / vocab
+        );
+    }
+}
+
 /// Decoding through the KV cache (a 5-token prompt, then one token at a time, past the cache's
 /// first capacity of 64 positions, so it grows) gives the logits of one forward pass over the
 /// whole sequence: GPT-2 (keys and values go into the cache straight from the fused
 /// projection) and Llama (rotary embedding, grouped-query heads). Kernels differ between the
 /// two ways (few-row matmuls, decoding attention), so they agree to f32 rounding.
+/// A small GPT-2 and a small Llama (rotary embedding, grouped-query heads) over `vocab` ids,
+/// with room for 96 positions.
+fn small_models(vocab: usize) -> [TransformerConfig; 2] {
+    [
+        TransformerConfig::gpt2(vocab, 96, 32, 2, 4),
+        TransformerConfig::llama(vocab, 96, 32, 2, 4, 2, 64),
+    ]
+}
+
 #[test]
 fn cached_decoding_matches_a_full_forward_on_every_device() {
     const VOCAB: usize = 50;
     const LEN: usize = 80;
     const PROMPT: usize = 5;
-    let configs = [
-        TransformerConfig::gpt2(VOCAB, 96, 32, 2, 4),
-        TransformerConfig::llama(VOCAB, 96, 32, 2, 4, 2, 64),
-    ];
+    let configs = small_models(VOCAB);
     let ids: Vec<u32> = (0..LEN as u32)
         .map(|i| (7 * i + 3) % VOCAB as u32)
         .collect();
@@ -310,14 +332,113 @@ fn cached_decoding_matches_a_full_forward_on_every_device() {
                 cached.extend(logits(std::slice::from_ref(id), Some(&mut cache)));
             }
             assert_eq!(cache.len(), LEN, "{label}: cached positions");
-            assert_eq!(cached.len(), full.len(), "{label}: logits");
-            for (i, (got, want)) in cached.iter().zip(&full).enumerate() {
-                assert!(
-                    (got - want).abs() <= 1e-4 + 1e-4 * want.abs(),
-                    "{label}: logit {} of position {}: cached {got}, full {want}",
-                    i % VOCAB,
-                    i / VOCAB
+            assert_logits_agree(&label, &cached, &full, VOCAB);
+        }
+    }
+}
+
+/// Decoding at positions held on the device, into a KV cache of fixed capacity (the
+/// prompt, then one token at a time, written with index copies and read by cached
+/// attention), gives the logits of one forward pass over the whole sequence.
+#[test]
+fn decoding_at_device_positions_matches_a_full_forward_on_every_device() {
+    const VOCAB: usize = 50;
+    const LEN: usize = 40;
+    const PROMPT: usize = 5;
+    let configs = small_models(VOCAB);
+    let ids: Vec<u32> = (0..LEN as u32)
+        .map(|i| (5 * i + 2) % VOCAB as u32)
+        .collect();
+    let _no_grad = no_grad();
+    for device in devices_under_test() {
+        for config in &configs {
+            let label = format!("{:?} on {}", config.family, device.info().id());
+            let model =
+                Transformer::new(config, &device, DType::F32, &mut RngState::new(6)).unwrap();
+            let full_ids = Tensor::from_slice(&ids, &[1, LEN], &device).unwrap();
+            let full = model
+                .forward(&full_ids, None)
+                .unwrap()
+                .to_vec_f64()
+                .unwrap();
+            let mut cache = KvCache::with_capacity(config.n_layer, LEN);
+            let mut at = |start: usize, len: usize| {
+                let chunk = Tensor::from_slice(&ids[start..start + len], &[1, len], &device);
+                let positions: Vec<i32> = (start as i32..(start + len) as i32).collect();
+                let positions = Tensor::from_slice(&positions, &[len], &device).unwrap();
+                let logits = model.forward_at(&chunk.unwrap(), &positions, &mut cache);
+                logits.unwrap().to_vec_f64().unwrap()
+            };
+            let mut cached = at(0, PROMPT);
+            for i in PROMPT..LEN {
+                cached.extend(at(i, 1));
+            }
+            assert_logits_agree(&label, &cached, &full, VOCAB);
+        }
+    }
+}
+
+/// A decoding step replayed from a recording leaves the same bits as the same step run
+/// eagerly: logits copied out of every step, and the chosen tokens, over 24 steps of GPT-2
+/// and Llama in f32 and bf16. Devices that record work (CUDA graphs) must replay it; the
+/// others run both eagerly.
+#[test]
+fn replayed_decoding_steps_give_the_bits_of_eager_ones_on_every_device() {
+    const VOCAB: usize = 64;
+    const STEPS: usize = 24;
+    let configs = small_models(VOCAB);
+    let prompt: Vec<u32> = vec![3, 17, 9, 40, 2];
+    let _no_grad = no_grad();
+    for device in devices_under_test() {
+        let records = device.info().backend == "cuda";
+        for config in &configs {
+            for dtype in [DType::F32, DType::BF16] {
+                if !device.info().dtypes.contains(&dtype) {
+                    continue;
+                }
+                let label = format!("{:?} {dtype} on {}", config.family, device.info().id());
+                let model =
+                    Transformer::new(config, &device, dtype, &mut RngState::new(8)).unwrap();
+                let run = |mut step: ReplayedStep| {
+                    let capacity = prompt.len() + STEPS;
+                    let mut cache = KvCache::with_capacity(config.n_layer, capacity);
+                    let ids = Tensor::from_slice(&prompt, &[1, prompt.len()], &device).unwrap();
+                    let first = model.forward(&ids, Some(&mut cache)).unwrap();
+                    let token = first.select(1, -1).unwrap().argmax(-1, true).unwrap();
+                    let token = token.to_dtype(DType::U32).unwrap();
+                    let position =
+                        Tensor::full(&[1], prompt.len() as f64, DType::F32, &device).unwrap();
+                    let logits_out = Tensor::zeros(&[1, 1, VOCAB], dtype, &device).unwrap();
+                    let mut decode = || {
+                        let at = position.to_dtype(DType::I32)?;
+                        let logits = model.forward_at(&token, &at, &mut cache)?;
+                        logits_out.copy_from(&logits)?;
+                        let next = logits.select(1, -1)?.argmax(-1, true)?;
+                        token.copy_from(&next.to_dtype(DType::U32)?)?;
+                        position.copy_from(&position.add_scalar(1.0)?)
+                    };
+                    let mut trace = Vec::new();
+                    for _ in 0..STEPS {
+                        step.run(&mut decode).unwrap();
+                        let bits = logits_out.to_dtype(DType::F32).unwrap().to_vec::<f32>();
+                        trace.push((bits.unwrap(), token.to_vec::<u32>().unwrap()));
+                    }
+                    (trace, step.is_replayed())
+                };
+                let (eager, _) = run(ReplayedStep::eager(&device));
+                let (replayed, was_replayed) = run(ReplayedStep::new(&device));
+                assert_eq!(
+                    was_replayed, records,
+                    "{label}: whether steps were replayed"
                 );
+                for (i, (e, r)) in eager.iter().zip(&replayed).enumerate() {
+                    let same = e.1 == r.1
+                        && e.0
+                            .iter()
+                            .zip(&r.0)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{label}: step {i}: replayed {r:?}, eager {e:?}");
+                }
             }
         }
     }

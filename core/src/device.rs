@@ -217,6 +217,35 @@ pub trait Device: Send + Sync + Debug {
     fn profile(&self) -> Vec<KernelTime> {
         Vec::new()
     }
+    /// Starts recording the work the calling thread queues on this device: until
+    /// [`Device::end_recording`], kernels are captured rather than run. Buffers allocated
+    /// meanwhile come from memory that belongs to the recording, reused inside it in the
+    /// order the work was queued, so replays find them as the recording left them; the
+    /// recording also keeps alive every other buffer its work touches. A recorded step must
+    /// not copy between host and device (reads and writes are refused) and takes its
+    /// per-step values from device buffers. A backend that cannot replay work says
+    /// `Unsupported` (the default); [`crate::ReplayedStep`] then runs steps eagerly.
+    fn begin_recording(&self) -> Result<()> {
+        Err(crate::Error::unsupported(
+            &self.info().backend,
+            "recording work for replay",
+        ))
+    }
+    /// Ends the calling thread's recording and returns the work, ready to replay; nothing of
+    /// it has run yet.
+    fn end_recording(&self) -> Result<Box<dyn Recording>> {
+        Err(crate::Error::unsupported(
+            &self.info().backend,
+            "recording work for replay",
+        ))
+    }
+}
+
+/// Work recorded by [`Device::end_recording`] (a CUDA graph, say).
+pub trait Recording: Send + Sync + Debug {
+    /// Queues the recorded work again, after the work queued so far, on the buffers it was
+    /// recorded with: the values they hold now are its inputs.
+    fn replay(&self) -> Result<()>;
 }
 
 /// Bytes on their way to the host, from [`Device::read_later`].

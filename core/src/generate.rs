@@ -3,7 +3,7 @@
 use crate::models::Transformer;
 use crate::nn::KvCache;
 use crate::rng::RngState;
-use crate::{DType, Error, PendingVec, Result, Tensor};
+use crate::{DType, Error, PendingVec, ReplayedStep, Result, Tensor};
 
 /// How the next token is chosen. `temperature == 0` is greedy (argmax on the device); otherwise
 /// logits are divided by the temperature, cut to the `top_k` most likely tokens and to the
@@ -156,48 +156,80 @@ pub fn generate(
     Ok(out)
 }
 
-/// Greedy decoding that keeps each chosen token on the device as the next step's input and
-/// reads it back one step late, while the next step runs: the host records step `t + 1`
-/// while the device computes step `t`. A stop token is therefore seen after one more step
-/// has been queued, whose result is dropped.
+/// Greedy decoding with every step's work the same: the prompt fills a KV cache of fixed
+/// capacity, then each step reads its token and position from device tensors, writes the
+/// next token and position back into them, and is replayed where the device records work
+/// ([`ReplayedStep`]): one launch per token instead of one per kernel. The chosen token is
+/// read back one step late, while the next step runs, so a stop token is seen after one more
+/// step has been queued, whose result is dropped.
 fn generate_greedy(
     model: &Transformer,
     prompt: &[u32],
     options: &GenerateOptions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<Vec<u32>> {
+    let mut step = ReplayedStep::new(model.device());
+    greedy_steps(model, prompt, options, on_token, &mut step)
+}
+
+/// [`generate_greedy`] with the decoding step run by `step` (replayed, or eager for a
+/// reference).
+pub fn greedy_steps(
+    model: &Transformer,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32),
+    step: &mut ReplayedStep,
+) -> Result<Vec<u32>> {
     let device = model.device();
-    let mut cache = KvCache::new(model.blocks.len());
     let mut out = prompt.to_vec();
-    let mut ids = Tensor::from_slice(prompt, &[1, prompt.len()], device)?;
-    let mut pending = None;
-    for _ in 0..options.max_new_tokens {
-        if cache.len() + ids.shape()[1] > model.config.max_positions {
-            break;
-        }
-        let logits = model.forward(&ids, Some(&mut cache))?;
-        let next = logits.select(1, -1)?.argmax(-1, true)?;
-        ids = next.to_dtype(DType::U32)?;
-        if let Some(read) = pending.replace(next.to_vec_later::<i32>()?) {
-            if emit(read, &mut out, options, on_token)? {
-                return Ok(out);
-            }
+    if options.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    // Every new token but the last is fed back at the next position.
+    let capacity = (prompt.len() + options.max_new_tokens - 1).min(model.config.max_positions);
+    let new_tokens = options
+        .max_new_tokens
+        .min(model.config.max_positions + 1 - prompt.len());
+    let mut cache = KvCache::with_capacity(model.blocks.len(), capacity);
+    let ids = Tensor::from_slice(prompt, &[1, prompt.len()], device)?;
+    let logits = model.forward(&ids, Some(&mut cache))?;
+    let token = logits
+        .select(1, -1)?
+        .argmax(-1, true)?
+        .to_dtype(DType::U32)?;
+    // The position as f32 (exact to 2^24), since the catalog adds floats only.
+    let position = Tensor::full(&[1], prompt.len() as f64, DType::F32, device)?;
+    let mut pending = token.to_vec_later::<u32>()?;
+    let mut decode = || -> Result<()> {
+        let at = position.to_dtype(DType::I32)?;
+        let logits = model.forward_at(&token, &at, &mut cache)?;
+        let next = logits
+            .select(1, -1)?
+            .argmax(-1, true)?
+            .to_dtype(DType::U32)?;
+        token.copy_from(&next)?;
+        position.copy_from(&position.add_scalar(1.0)?)
+    };
+    for _ in 1..new_tokens {
+        step.run(&mut decode)?;
+        let read = std::mem::replace(&mut pending, token.to_vec_later::<u32>()?);
+        if emit(read, &mut out, options, on_token)? {
+            return Ok(out);
         }
     }
-    if let Some(read) = pending {
-        emit(read, &mut out, options, on_token)?;
-    }
+    emit(pending, &mut out, options, on_token)?;
     Ok(out)
 }
 
 /// Appends a token read from the device and reports it; true at a stop token.
 fn emit(
-    read: PendingVec<i32>,
+    read: PendingVec<u32>,
     out: &mut Vec<u32>,
     options: &GenerateOptions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<bool> {
-    let token = read.wait()?[0] as u32;
+    let token = read.wait()?[0];
     out.push(token);
     on_token(token);
     Ok(options.stop_tokens.contains(&token))

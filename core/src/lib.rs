@@ -21,13 +21,14 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 mod registry;
+mod replay;
 pub mod rng;
 mod tensor;
 pub mod train;
 
 pub use device::{
     check_byte_range, same_device, Buffer, Device, DeviceInfo, Features, Kernel, KernelTime,
-    KernelTotals, Limits, MemoryStats, PendingBytes, ReadyBytes, TensorRef,
+    KernelTotals, Limits, MemoryStats, PendingBytes, ReadyBytes, Recording, TensorRef,
 };
 pub use dtype::{decode_f64, encode_f64, DType, Element};
 pub use error::{dtypes_str, Error, Result};
@@ -36,6 +37,7 @@ pub use ops::{BinaryOp, CompareOp, Conv2dParams, Op, OpFamily, ReduceOp, TensorS
 pub use registry::{
     absent_backends, default_device, devices, open_device, BackendEntry, DeviceListing,
 };
+pub use replay::ReplayedStep;
 pub use tensor::{is_grad_enabled, no_grad, NoGradGuard, PendingVec, Tensor};
 
 /// Re-exported so backend crates register with the same `inventory` as core.

@@ -8,6 +8,9 @@
 // kernel, parameters of a looped one. Rows meet the streamed side four at a time.
 // Parameters: `AttentionParams` (attention.rs). Rows of k and v are contiguous; their heads
 // may lie further apart (a view of a KV cache).
+// The forward kernels also run CachedAttention: its positions take lse's binding 5 (it has no
+// log-sum-exp), and the generated visible(i), keys_seen(i0, i1) and store_lse(row, v) read
+// them there and store nothing.
 // Backward bindings: 1 q, 2 k, 3 v, 4 out, 5 lse, 6 dout, 7 dq, 8 dk, 9 dv, 10 delta (scratch,
 // one per query row: sum(dout * out)).
 
@@ -19,12 +22,15 @@ fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 var<workgroup> ta: array<vec4<f32>, AWORDS>;
 var<workgroup> tb: array<vec4<f32>, BWORDS>;
 
-// The number of keys query `i` sees (causal: key j is visible when j + Tq <= i + Tk).
-fn visible(i: u32) -> u32 {
+// The number of keys query `i` sees in attention (causal: key j is visible when
+// j + Tq <= i + Tk).
+fn causal_visible(i: u32) -> u32 {
     if (params.causal == 0u) { return params.k_len; }
     if (i + params.k_len + 1u <= params.q_len) { return 0u; }
     return min(params.k_len, i + params.k_len + 1u - params.q_len);
 }
+
+VISIBILITY
 
 // Element offsets of the first key and value rows of batch `b`, key/value head `g`, and of
 // the (batch, query head) pair `bh`.
@@ -49,8 +55,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let i = i0 + lid;
         let live = i < tq;
         let row = bh * tq + min(i, tq - 1u);
-        let lim = select(0u, visible(i), live);
-        let span = visible(min(i0 + ROWS, tq) - 1u);
+        var lim = 0u;
+        if (live) { lim = visible(i); }
+        let span = keys_seen(i0, min(i0 + ROWS, tq));
         let kb = k_base(bh);
         let vb = v_base(bh);
         let qb = o(1u) + row * kdim();
@@ -86,7 +93,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (live) {
             let inv = select(0.0, 1.0 / l, l > 0.0);
             STORE
-            st5(o(5u) + row, select(-inf(), m + log(l), l > 0.0));
+            store_lse(row, select(-inf(), m + log(l), l > 0.0));
         }
     }
 }
@@ -114,12 +121,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let dv = params.v_dim;
     for (var t = group_index(wid, nwg); t < rows * splits; t += group_count(nwg)) {
         let row = t / splits;
-        let first = (t % splits) * params.keys_per_split;
-        let end = min(first + params.keys_per_split, visible(row % params.q_len));
+        // Splits take at least keys_per_split keys each, more where the row sees more keys than
+        // the splits hold at that (a cached attention's keys are known only here). A split past
+        // the row's keys (a cache filled less than its capacity) reads nothing.
+        let seen = visible(row % params.q_len);
+        let chunk = max(params.keys_per_split, (seen + splits - 1u) / splits);
+        let first = (t % splits) * chunk;
+        let end = min(first + chunk, seen);
         let kb = k_base(row / params.q_len);
         let vb = v_base(row / params.q_len);
         workgroupBarrier();
-        if (lid < dk) { qs[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
+        if (lid < dk && first < end) { qs[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
         workgroupBarrier();
         var acc = 0.0;
         var m = -inf();
@@ -160,9 +172,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         if (splits == 1u) {
             if (lid < dv) { st4(o(4u) + row * dv + lid, select(0.0, acc / l, l > 0.0)); }
-            if (lid == 0u) { st5(o(5u) + row, select(-inf(), m + log(l), l > 0.0)); }
+            if (lid == 0u) { store_lse(row, select(-inf(), m + log(l), l > 0.0)); }
         } else {
-            if (lid < dv) { st6(o(6u) + t * dv + lid, acc); }
+            // forward_combine reads the sums only of splits that saw a key.
+            if (lid < dv && m != -inf()) { st6(o(6u) + t * dv + lid, acc); }
             let pair = o(6u) + rows * splits * dv + 2u * t;
             if (lid == 0u) { st6(pair, m); st6(pair + 1u, l); }
         }
@@ -195,7 +208,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
             st4(o(4u) + row * dv + d, select(0.0, acc / l, l > 0.0));
         }
-        if (lid == 0u) { st5(o(5u) + row, select(-inf(), m + log(l), l > 0.0)); }
+        if (lid == 0u) { store_lse(row, select(-inf(), m + log(l), l > 0.0)); }
     }
 }
 
@@ -229,7 +242,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let delta = ld10(o(10u) + row);
         let live = i < tq;
         let lim = select(0u, visible(i), live && lse != -inf());
-        let span = visible(min(i0 + ROWS, tq) - 1u);
+        let span = keys_seen(i0, min(i0 + ROWS, tq));
         let kb = k_base(bh);
         let vb = v_base(bh);
         let qb = o(1u) + row * kdim();

@@ -1,5 +1,6 @@
-// Embedding (row-major), gather and deterministic scatter-adds (through strides), a thread per
-// output element. Parameters: `MovementParams` (movement.rs).
+// Embedding and index copy (row-major), gather and deterministic scatter-adds (through
+// strides), a thread per output element (per source element for index copy). Parameters:
+// `MovementParams` (movement.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
@@ -157,5 +158,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         st3(o(3u) + oo, s);
+    }
+}
+
+// @kernel index_copy
+// Bindings: 1 index [T = window_rows], 2 src [outer, T, row_len], 3 out [outer, total_rows,
+// row_len], both row-major. A thread per source element stores its bits in out's row
+// index[t]; indices outside [0, total_rows) are skipped, and no other row is touched.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = params.elements;
+    let d = params.row_len;
+    let len = params.window_rows;
+    let step = group_count(nwg) * WG;
+    for (var e = group_index(wid, nwg) * WG + lid; e < n; e += step) {
+        let t = (e / d) % len;
+        let id = ldi1(o(1u) + t);
+        if (id >= 0 && u32(id) < params.total_rows) {
+            let row = (e / d / len) * params.total_rows + u32(id);
+            stn3(o(3u) + row * d + e % d, ldn2(o(2u) + e));
+        }
     }
 }

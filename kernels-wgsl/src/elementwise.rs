@@ -289,16 +289,7 @@ mod tests {
                 build,
                 &MapParams::wgsl(),
             );
-            let module = naga::front::wgsl::parse_str(&src)
-                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
-            naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::all(),
-            )
-            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("rank {rank}: {}", e.emit_to_string(&src)));
+            crate::source::assert_valid(&src, &format!("rank {rank}"));
         }
     }
 }

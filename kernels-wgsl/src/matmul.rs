@@ -832,16 +832,7 @@ mod tests {
                 subgroups: true,
             };
             let src = source(SRC, "coop", &bindings, &subst, build, &MatmulParams::wgsl());
-            let module = naga::front::wgsl::parse_str(&src)
-                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
-            naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::all(),
-            )
-            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+            crate::source::assert_valid(&src, &format!("coop {a_at} {b_at} {epilogue:?}"));
         }
     }
 }

@@ -1,10 +1,13 @@
 //! Movement: concat (a strided copy per input into its slice of the output), embedding and
-//! gather (a thread per output element), and deterministic embedding backward and
-//! scatter-add (each output element sums its sources in order; no atomics). Embedding
-//! backward first links each position to the next one with the same id, so the sums cost
-//! O(P * D) after an O(P^2) pass over the ids alone.
+//! gather (a thread per output element), index copy (a thread per source element, writing
+//! only the indexed rows), and deterministic embedding backward and scatter-add (each output
+//! element sums its sources in order; no atomics). Embedding backward first links each
+//! position to the next one with the same id, so the sums cost O(P * D) after an O(P^2) pass
+//! over the ids alone.
 
-use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
+use std::sync::Arc;
+
+use tessera_core::{numel, DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::gpu::{Gpu, Planner};
 use crate::params::{offsets, param_block, MAX_BINDINGS};
@@ -23,7 +26,8 @@ param_block! {
     /// rows of `row_len`, the table's rows `first .. first + window_rows` of `total_rows`
     /// bound. Gather: x's rows `first .. first + window_rows` along `axis` of `total_rows`;
     /// scatter-add: the target of the output's first element along `axis` is `first`, and
-    /// `accumulate` adds onto the output.
+    /// `accumulate` adds onto the output. Index copy: `elements` source elements in rows of
+    /// `row_len`, `window_rows` indices, `total_rows` rows along the output's axis.
     MovementParams {
         elements: u32,
         row_len: u32,
@@ -257,8 +261,60 @@ pub(crate) fn launch(
         Op::ScatterAdd { axis } => {
             scatter_add_part(gpu, *axis, &inputs[0], &inputs[1], out, 0, false)
         }
+        Op::IndexCopy { axis } => index_copy(gpu, op, *axis, inputs, out),
         _ => Err(unsupported(gpu, op)),
     }
+}
+
+/// Index copy of row-major operands: `dst` is copied to `out` first unless `out` is `dst`
+/// itself, then only the indexed rows are written, so that an update in place (a KV cache
+/// written at a decoding step's position) costs what its new rows cost. Elements move as
+/// their bits, so every dtype copies exactly.
+fn index_copy(
+    gpu: &dyn Gpu,
+    op: &Op,
+    axis: usize,
+    inputs: &[TensorRef<'_>],
+    out: &TensorRef<'_>,
+) -> Result<()> {
+    let (dst, index, src) = (&inputs[0], &inputs[1], &inputs[2]);
+    let in_place = std::ptr::addr_eq(Arc::as_ptr(dst.buffer), Arc::as_ptr(out.buffer))
+        && dst.layout == out.layout;
+    if !in_place {
+        elementwise::launch(
+            gpu,
+            &Op::Copy,
+            std::slice::from_ref(dst),
+            std::slice::from_ref(out),
+            &[],
+        )?;
+    }
+    let shape = &out.layout.shape;
+    let (rows, row_len) = (shape[axis], numel(&shape[axis + 1..]));
+    let n = src.layout.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    // dst is not bound: the kernel writes the output's rows alone.
+    let (ins, outs) = ([*index, *src], [*out]);
+    run(
+        gpu,
+        &key(op, &ins, &outs, "index_copy"),
+        SRC,
+        "index_copy",
+        no_subst,
+        &ins,
+        &outs,
+        groups_for(n),
+        |o| MovementParams {
+            elements: n as u32,
+            row_len: row_len as u32,
+            window_rows: index.layout.numel() as u32,
+            total_rows: rows as u32,
+            offsets: offsets(o),
+            ..MovementParams::default()
+        },
+    )
 }
 
 /// Gather with `x` a window of rows `first..first + x.shape[axis]` along the axis of the

@@ -345,3 +345,19 @@ pub(crate) fn unsupported(gpu: &dyn Gpu, op: &tessera_core::Op) -> Error {
 pub(crate) fn groups_for(n: usize) -> u64 {
     (n as u64).div_ceil(crate::gpu::WG)
 }
+
+/// Panics, naming `what` and the error in the source, unless `src` parses as WGSL and passes
+/// naga's validation with every capability a device may offer (subgroups included).
+#[cfg(test)]
+pub(crate) fn assert_valid(src: &str, what: &str) {
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+    .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
+}

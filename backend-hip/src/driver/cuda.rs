@@ -8,13 +8,14 @@
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::thread::ThreadId;
 
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{result, sys};
 use cudarc::nvrtc::sys as rtc;
 use tessera_core::{DType, Error, PendingBytes, Result};
 
-use super::{driver_error, param_words, DevicePtr, Driver, Event, Function, Gemm, Grid};
+use super::{driver_error, param_words, DevicePtr, Driver, Event, Function, Gemm, Graph, Grid};
 
 const BACKEND: &str = "cuda";
 
@@ -246,6 +247,8 @@ pub(crate) struct CudaDriver {
     plans: Mutex<HashMap<GemmKey, GemmPlan>>,
     modules: Mutex<Vec<sys::CUmodule>>,
     pinned: Arc<PinnedPool>,
+    /// The thread capturing a graph, and its capture stream.
+    capture: Mutex<Option<(ThreadId, usize)>>,
 }
 
 // SAFETY: the context, stream, cuBLASLt handle and modules are driver handles that the CUDA
@@ -316,7 +319,19 @@ impl CudaDriver {
                 ctx,
                 free: Mutex::new(Vec::new()),
             }),
+            capture: Mutex::new(None),
         })
+    }
+
+    /// The stream the calling thread queues on: its capture stream while it captures a graph,
+    /// else the device's stream.
+    fn stream(&self) -> sys::CUstream {
+        match *self.capture.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((thread, stream)) if thread == std::thread::current().id() => {
+                stream as sys::CUstream
+            }
+            _ => self.stream,
+        }
     }
 
     /// Makes the device's context current on this thread.
@@ -606,7 +621,7 @@ impl Driver for CudaDriver {
                 (grid.blocks[0], grid.blocks[1], grid.blocks[2]),
                 (grid.threads, 1, 1),
                 grid.shared_bytes,
-                self.stream,
+                self.stream(),
                 &mut args,
             )
         })
@@ -637,8 +652,13 @@ impl Driver for CudaDriver {
         // SAFETY: the caller checked the range lies in `dst`'s allocation; from pageable
         // memory the driver has copied `data` out before returning.
         check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, data.as_ptr() as *const c_void, data.len(), self.stream)
-                .result()
+            sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                data.as_ptr() as *const c_void,
+                data.len(),
+                self.stream(),
+            )
+            .result()
         })
     }
 
@@ -656,13 +676,13 @@ impl Driver for CudaDriver {
                     out.as_mut_ptr() as *mut c_void,
                     src,
                     out.len(),
-                    self.stream,
+                    self.stream(),
                 )
                 .result(),
             )?;
             check(
                 "cuStreamSynchronize",
-                result::stream::synchronize(self.stream),
+                result::stream::synchronize(self.stream()),
             )
         }
     }
@@ -674,7 +694,7 @@ impl Driver for CudaDriver {
         self.bind()?;
         // SAFETY: the caller checked the range.
         check("cuMemsetD8Async", unsafe {
-            result::memset_d8_async(dst, 0, bytes, self.stream)
+            result::memset_d8_async(dst, 0, bytes, self.stream())
         })
     }
 
@@ -716,7 +736,7 @@ impl Driver for CudaDriver {
                 &plan.algo,
                 self.workspace as *mut c_void,
                 GEMM_WORKSPACE_BYTES,
-                self.stream as _,
+                self.stream() as _,
             )
         }
         .map_err(|e| driver_error(BACKEND, "cublasLtMatmul", e))
@@ -739,11 +759,11 @@ impl Driver for CudaDriver {
         // pending read until its event has passed.
         let queued = unsafe {
             let copy = if len > 0 {
-                sys::cuMemcpyDtoHAsync_v2(block.0 as *mut c_void, src, len, self.stream).result()
+                sys::cuMemcpyDtoHAsync_v2(block.0 as *mut c_void, src, len, self.stream()).result()
             } else {
                 Ok(())
             };
-            copy.and_then(|()| result::event::record(event, self.stream))
+            copy.and_then(|()| result::event::record(event, self.stream()))
         };
         if let Err(e) = queued {
             // SAFETY: the event was created above and is not used again.
@@ -765,9 +785,93 @@ impl Driver for CudaDriver {
             .map_err(|e| driver_error(BACKEND, "cuEventCreate", format!("{e:?}")))?;
         // SAFETY: records the new event on this driver's stream.
         check("cuEventRecord", unsafe {
-            result::event::record(event, self.stream)
+            result::event::record(event, self.stream())
         })?;
         Ok(Event(event as usize))
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        self.bind()?;
+        let mut capture = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
+        if capture.is_some() {
+            return Err(Error::invalid(
+                "begin_recording",
+                "the device is already recording (one recording at a time)",
+            ));
+        }
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_error(BACKEND, "cuStreamCreate", format!("{e:?}")))?;
+        // Relaxed: the capturing thread still allocates and loads kernels meanwhile.
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `stream` was just created on this context and is not capturing.
+        if let Err(e) = unsafe { sys::cuStreamBeginCapture_v2(stream, mode).result() } {
+            // SAFETY: nothing was queued on the new stream.
+            let _ = unsafe { result::stream::destroy(stream) };
+            return Err(driver_error(
+                BACKEND,
+                "cuStreamBeginCapture",
+                format!("{e:?}"),
+            ));
+        }
+        *capture = Some((std::thread::current().id(), stream as usize));
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Graph> {
+        self.bind()?;
+        let stream = {
+            let mut capture = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
+            match *capture {
+                Some((thread, stream)) if thread == std::thread::current().id() => {
+                    *capture = None;
+                    stream as sys::CUstream
+                }
+                _ => {
+                    return Err(Error::invalid(
+                        "end_recording",
+                        "this thread is not recording on the device",
+                    ))
+                }
+            }
+        };
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `stream` is the capture stream `begin_capture` made; the graph is destroyed
+        // once instantiated (the executable graph is independent of it), and the stream once
+        // its capture has ended (nothing was run on it).
+        unsafe {
+            let ended = sys::cuStreamEndCapture(stream, &mut graph).result();
+            let _ = result::stream::destroy(stream);
+            ended.map_err(|e| driver_error(BACKEND, "cuStreamEndCapture", format!("{e:?}")))?;
+            let made = sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).result();
+            let _ = sys::cuGraphDestroy(graph);
+            made.map_err(|e| driver_error(BACKEND, "cuGraphInstantiate", format!("{e:?}")))?;
+            check(
+                "cuGraphUpload",
+                sys::cuGraphUpload(exec, self.stream).result(),
+            )?;
+        }
+        Ok(Graph(exec as usize))
+    }
+
+    fn launch_graph(&self, graph: Graph) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `graph` came from `end_capture` on this driver and is not yet destroyed.
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(graph.0 as sys::CUgraphExec, self.stream).result()
+        })
+    }
+
+    fn destroy_graph(&self, graph: Graph) {
+        if self.bind().is_err() {
+            return;
+        }
+        // SAFETY: the graph came from `end_capture`; its launches have finished once the
+        // stream is drained, and it is not used again.
+        unsafe {
+            let _ = result::stream::synchronize(self.stream);
+            let _ = sys::cuGraphExecDestroy(graph.0 as sys::CUgraphExec);
+        }
     }
 
     fn seconds_between(&self, start: Event, end: Event) -> Result<f64> {

@@ -4,7 +4,8 @@
 //! for AMD by [`amd`] (the HIP runtime and hiprtc, loaded at run time).
 //!
 //! Every call is ordered on the device's one stream, so what one call writes the next reads,
-//! and memory freed by one is reused safely by the next.
+//! and memory freed by one is reused safely by the next. A thread capturing a graph queues
+//! on a capture stream of its own; graphs replay on the device's stream.
 
 pub(crate) mod amd;
 pub(crate) mod cuda;
@@ -18,6 +19,10 @@ pub(crate) type DevicePtr = u64;
 /// between threads: the driver's functions are thread-safe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Function(pub(crate) usize);
+
+/// An executable graph of captured work (the vendor's handle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Graph(pub(crate) usize);
 
 /// A recorded timing event (the vendor's handle).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +101,24 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn seconds_between(&self, start: Event, end: Event) -> Result<f64>;
     /// Waits for all queued work.
     fn synchronize(&self) -> Result<()>;
+    /// Starts capturing the work the calling thread queues into a graph, on a stream of its
+    /// own (other threads' work still runs); allocations stay on the device's stream.
+    fn begin_capture(&self) -> Result<()> {
+        Err(Error::unsupported(self.backend(), "graph capture"))
+    }
+    /// Ends the calling thread's capture: the graph, instantiated, not yet run.
+    fn end_capture(&self) -> Result<Graph> {
+        Err(Error::unsupported(self.backend(), "graph capture"))
+    }
+    /// Queues `graph` on the device's stream.
+    fn launch_graph(&self, graph: Graph) -> Result<()> {
+        let _ = graph;
+        Err(Error::unsupported(self.backend(), "graph replay"))
+    }
+    /// Releases `graph` once queued work has finished.
+    fn destroy_graph(&self, graph: Graph) {
+        let _ = graph;
+    }
 }
 
 /// A kernel's parameter bytes as 8-byte-aligned words, for the launch call's one argument

@@ -5,7 +5,9 @@
 //! order: no T x T memory, no atomics, the same bits every run. On NVIDIA, 16-bit data with
 //! head dims that are multiples of 16 up to 128 run the same passes on tensor cores
 //! (`forward_mma`; `dq_mma` then `dkv_mma`, which recompute the scores rather than add
-//! partial dQ with atomics, so they too give the same bits every run).
+//! partial dQ with atomics, so they too give the same bits every run). Attention over a KV
+//! cache at device positions (decoding) runs a block per query row whose warps share the
+//! keys (`cached`).
 
 use tessera_core::{DType, Error, Op, Result, TensorRef};
 
@@ -54,6 +56,8 @@ hip_params! {
         dv: u64,
         /// Scratch: delta_i per query row, from the dq kernel.
         delta: u64,
+        /// Cached attention's query positions.
+        positions: u64,
         k_batch_stride: u64,
         k_head_stride: u64,
         v_batch_stride: u64,
@@ -96,6 +100,33 @@ fn attn_source(entry: &str, dtype: DType, kd: usize, vd: usize) -> Source {
         .define("TILE", tile(kd, vd).to_string())
         .define("ROWS", ROWS.to_string())
         .define("DELTA_SUM", if dtype == DType::F32 { "0" } else { "1" })
+}
+
+/// Threads per block of the cached-attention kernel, whose warps each stream a share of the
+/// keys: decoding has a block per head, so many warps per block keep the chain of dependent
+/// loads each warp walks short. Value heads past 256 take half as many (the warps' partial
+/// rows share 48 KiB of shared memory).
+fn cached_threads(vd: usize) -> u32 {
+    if vd > 256 {
+        512
+    } else {
+        1024
+    }
+}
+
+/// The cached-attention kernel for data of `dtype`, positions of `positions` and head dims
+/// `kd`, `vd`.
+fn cached_source(dtype: DType, positions: DType, kd: usize, vd: usize) -> Source {
+    Source::new::<AttnParams>(SRC, "cached")
+        .define("CACHED", "1")
+        .define("T", cxx_type(dtype))
+        .define("I", cxx_type(positions))
+        .define("KD", kd.to_string())
+        .define("VD", vd.to_string())
+        .define("THREADS", cached_threads(vd).to_string())
+        // The file's shared helpers name the row kernels' sizes.
+        .define("ROWS", ROWS.to_string())
+        .define("TILE", "1")
 }
 
 /// A tensor-core kernel (NVIDIA only: `forward_mma`, `dq_mma` or `dkv_mma`) for 16-bit data
@@ -179,6 +210,12 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
             }
             sources
         }
+        // Value heads past 256 take blocks of another size.
+        Op::CachedAttention => heads
+            .iter()
+            .chain(&[(512, 512)])
+            .map(|&(kd, vd)| cached_source(dtype, dtypes[3], kd, vd))
+            .collect(),
         Op::AttentionBackward { .. } => {
             let mut sources: Vec<Source> = heads
                 .iter()
@@ -209,6 +246,7 @@ pub(crate) fn launch(
         Op::Attention { causal } | Op::AttentionBackward { causal } => {
             attention(gpu, op, *causal, inputs, outputs, s[0])
         }
+        Op::CachedAttention => attention(gpu, op, true, inputs, outputs, s[0]),
         _ => Err(unsupported(gpu, op)),
     }
 }
@@ -297,6 +335,18 @@ fn attention(
         let grid = rows_grid(blocks, 128, mma_shared_bytes(entry, kd));
         gpu.run(&key, source, grid, params)
     };
+    if matches!(op, Op::CachedAttention) {
+        if rows == 0 {
+            return Ok(());
+        }
+        params.out = gpu.ptr(&outputs[0])?;
+        params.positions = gpu.ptr(&inputs[3])?;
+        let positions = inputs[3].dtype;
+        let key = format!("attn_cached:{dtype}:{positions}:{kd}:{vd}");
+        let source = || Ok(cached_source(dtype, positions, kd, vd));
+        let grid = rows_grid(rows, cached_threads(vd), 0);
+        return gpu.run(&key, source, grid, &params);
+    }
     if matches!(op, Op::Attention { .. }) {
         if rows == 0 {
             return Ok(());

@@ -1,4 +1,4 @@
-//! Concat, embedding and its backward, gather and deterministic scatter-add
+//! Concat, embedding and its backward, gather, index copies and deterministic scatter-add
 //! (`kernels/movement.hip`). Every operand is row-major.
 //!
 //! Concat and embedding copy words as wide as the operands' alignment allows (up to 16
@@ -28,8 +28,8 @@ hip_params! {
     /// counts, cursors, order), `elements` output items (words for the copies), `row` words
     /// per row (concat's input, embedding's row, D), concat's `out_row` and `dst_offset`,
     /// `rows` the valid range of an id or index (V, or x's extent along `axis`),
-    /// `positions` embedding backward's ids, and the shapes and strides of gather and
-    /// scatter-add.
+    /// `positions` the number of ids (embedding backward's, an index copy's), and the shapes
+    /// and strides of gather and scatter-add.
     MoveParams {
         src: u64,
         index: u64,
@@ -134,6 +134,10 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
             .into_iter()
             .map(|index| copy_source("gather", size(dtypes[0]), Some(dtypes[1]), index))
             .collect(),
+        Op::IndexCopy { .. } => [(16, "u32"), (size(dtypes[0]), "u64")]
+            .into_iter()
+            .map(|(bytes, index)| copy_source("index_copy", bytes, Some(dtypes[1]), index))
+            .collect(),
         Op::ScatterAdd { .. } => ["u32", "u64"]
             .into_iter()
             .map(|index| sum_source("scatter_add", dtypes[0], Some(dtypes[1]), index))
@@ -184,6 +188,7 @@ pub(crate) fn launch(
         Op::EmbeddingBackward => embedding_backward(gpu, &inputs[0], &inputs[1], out),
         Op::Gather { axis } => gather(gpu, op, *axis, &inputs[0], &inputs[1], out),
         Op::ScatterAdd { axis } => scatter_add(gpu, op, *axis, &inputs[0], &inputs[1], out),
+        Op::IndexCopy { axis } => index_copy(gpu, *axis, inputs, out),
         _ => Err(unsupported(gpu, op)),
     }
 }
@@ -225,6 +230,40 @@ fn concat(gpu: &Gpu, axis: usize, inputs: &[TensorRef<'_>], out: &TensorRef<'_>)
         gpu.run(&key, source, grid_for(n, THREADS), &params)?;
     }
     Ok(())
+}
+
+/// `dst` with `src`'s rows at the indexed positions along `axis`: `dst` copied into the output
+/// first unless the output is `dst` itself (in place, a KV cache), then only those rows.
+fn index_copy(gpu: &Gpu, axis: usize, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<()> {
+    let (dst, index, src) = (&inputs[0], &inputs[1], &inputs[2]);
+    let to = gpu.ptr(out)?;
+    if gpu.ptr(dst)? != to {
+        concat(gpu, 0, std::slice::from_ref(dst), out)?;
+    }
+    let shape = &out.layout.shape;
+    let row_bytes = (shape[axis + 1..].iter().product::<usize>() * out.dtype.size()) as u64;
+    if src.layout.numel() == 0 {
+        return Ok(());
+    }
+    let from = gpu.ptr(src)?;
+    let bytes = word_bytes(&[row_bytes, from, to]);
+    let w = bytes as u64;
+    let count = index.layout.numel() as u64;
+    let elements = src.layout.numel() as u64 * out.dtype.size() as u64 / w;
+    let ids = index_type(&[src, out]);
+    let params = MoveParams {
+        src: from,
+        index: gpu.ptr(index)?,
+        dst: to,
+        elements,
+        row: row_bytes / w,
+        rows: shape[axis] as u64,
+        positions: count,
+        ..MoveParams::default()
+    };
+    let key = format!("index_copy:{bytes}:{}:{ids}", index.dtype);
+    let source = || Ok(copy_source("index_copy", bytes, Some(index.dtype), ids));
+    gpu.run(&key, source, grid_for(elements as usize, THREADS), &params)
 }
 
 /// Row `ids[i]` of the table per position, zeros for ids outside it.

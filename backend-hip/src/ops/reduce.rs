@@ -22,6 +22,8 @@ const THREAD_MAX: usize = 64;
 const BLOCK: u32 = 256;
 /// Reduced elements per block below which a row is not split into chunks.
 const CHUNK_MIN: usize = 8192;
+/// Rows of an argmax below which each block takes 1,024 threads.
+const FEW_ROWS: usize = 128;
 /// Blocks a split reduction aims for, enough to fill a large GPU.
 const SPLIT_BLOCKS: usize = 512;
 /// Reduced elements per chunk below which a column reduction is not split.
@@ -352,10 +354,12 @@ fn argmax(gpu: &Gpu, op: &Op, x: &TensorRef<'_>, out: &TensorRef<'_>, axis: usiz
     }
     params.ptrs[2] = gpu.ptr(out)?;
     let index = index_type(&[x, out]);
+    // A few long rows (greedy decoding's logits) take whole blocks of 1,024 threads.
+    let threads = if rows < FEW_ROWS { 1024 } else { BLOCK };
     let (entry, grid) = if len < THREAD_MAX {
         ("argmax_thread", grid_for(rows, 256))
     } else {
-        ("argmax_block", rows_grid(rows, BLOCK, 0))
+        ("argmax_block", rows_grid(rows, threads, 0))
     };
     let key = format!("{entry}:{}:{index}", x.dtype);
     let source = || Ok(argmax_source(entry, x.dtype, index));

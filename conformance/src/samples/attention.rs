@@ -1,10 +1,10 @@
 //! Rotary and attention samples: sequences beyond 512, head dims 64/80/128/256, grouped-query
 //! heads, KV-cache offsets (Tq < Tk) and keys and values read from a cache's buffer, rows with
-//! no visible key.
+//! no visible key; attention over a cache at device positions.
 
-use tessera::Op;
+use tessera::{DType, Op};
 
-use super::{input, stats, uniform, Gen, Input, Sample, View};
+use super::{fixed, input, stats, uniform, Gen, Input, Sample, View};
 
 pub(super) fn rotary() -> Vec<Sample> {
     let case = |x: &[usize]| {
@@ -174,4 +174,40 @@ pub(super) fn backward() -> Vec<Sample> {
             .reduce(pr.reduction())
         })
         .collect()
+}
+
+/// Attention over a KV cache at positions given on the device: a decoding step (at the first
+/// and last slot), a prompt, positions past the cache and before it (no visible key), grouped
+/// heads, wide heads, and keys and values read from a cache's buffer with room for more.
+pub(super) fn cached() -> Vec<Sample> {
+    let case = |pr: Problem, positions: &[i64], room: usize| {
+        let mut inputs = pr.qkv();
+        if room > 0 {
+            for kv in &mut inputs[1..] {
+                *kv = kv.clone().view(View::Capacity(room));
+            }
+        }
+        let values = positions.iter().map(|&i| i as f64).collect();
+        inputs.push(fixed(&[pr.tq], DType::I32, Gen::Values(values)));
+        Sample::new(
+            Op::CachedAttention,
+            format!("{} positions {positions:?}", pr.describe()),
+            inputs,
+        )
+        .scalars(&[pr.scale()])
+        .reduce(pr.reduction())
+    };
+    let prompt: Vec<i64> = (0..5).collect();
+    vec![
+        case(p(true, [1, 4, 2, 1, 64, 64, 64]), &[37], 0),
+        case(p(true, [1, 4, 2, 1, 64, 64, 64]), &[63], 0),
+        case(p(true, [1, 12, 12, 1, 64, 64, 64]), &[0], 0),
+        case(p(true, [2, 2, 2, 5, 16, 32, 48]), &prompt, 0),
+        case(p(true, [1, 2, 1, 3, 8, 16, 16]), &[-1, 100, 5], 0),
+        case(p(true, [1, 8, 1, 2, 320, 128, 128]), &[299, 300], 0),
+        case(p(true, [1, 2, 2, 1, 40, 256, 256]), &[20], 0),
+        case(p(true, [1, 2, 2, 1, 600, 80, 80]), &[599], 0),
+        case(p(true, [2, 4, 2, 1, 30, 64, 64]), &[17], 6),
+        case(p(true, [1, 2, 2, 0, 5, 8, 8]), &[], 0),
+    ]
 }

@@ -210,7 +210,7 @@ pub struct Sample {
     pub half_chain: bool,
     /// Small enough for finite differences (cpu, f64).
     pub gradcheck: bool,
-    /// Optimizer updates: outputs are the input buffers, updated in place.
+    /// Optimizer updates and index copies: outputs are the input buffers, updated in place.
     pub in_place: bool,
     /// A strided layout for output 0 (only `Copy` writes strided outputs).
     pub out_view: Option<View>,
@@ -376,11 +376,13 @@ pub fn family_samples(op: &Op) -> Vec<Sample> {
         Op::EmbeddingBackward => movement::embedding_backward(),
         Op::Gather { .. } => movement::gather(),
         Op::ScatterAdd { .. } => movement::scatter_add(),
+        Op::IndexCopy { .. } => movement::index_copy(),
         Op::LayerNorm | Op::RmsNorm => norm::forward(op),
         Op::LayerNormBackward | Op::RmsNormBackward => norm::backward(op),
         Op::Rotary => attention::rotary(),
         Op::Attention { .. } => attention::forward(),
         Op::AttentionBackward { .. } => attention::backward(),
+        Op::CachedAttention => attention::cached(),
         Op::CrossEntropy => loss::forward(),
         Op::CrossEntropyBackward => loss::backward(),
         Op::AdamUpdate {

@@ -1,4 +1,4 @@
-//! Movement samples: concat, embedding, gather, scatter-add. Index inputs include ids outside
+//! Movement samples: concat, embedding, gather, scatter-add, index copy. Index inputs include ids outside
 //! the valid range, whose results the catalog defines (zero rows, zeros, skipped).
 
 use tessera::{DType, Op};
@@ -121,4 +121,43 @@ pub(super) fn scatter_add() -> Vec<Sample> {
         case(1, &[3, 7], ids(&[3, 300], DType::I32, 0, 7)),
         case(1, &[2, 3], ids(&[0, 3], DType::I32, 0, 3)),
     ]
+}
+
+/// Index copies in place (a KV cache written at positions) and into a fresh output, with
+/// distinct indices; out-of-range ones are skipped.
+pub(super) fn index_copy() -> Vec<Sample> {
+    let case = |axis: usize, dst: &[usize], index: &[i64], dtype: DType| {
+        let mut src = dst.to_vec();
+        src[axis] = index.len();
+        let positions = Gen::Values(index.iter().map(|&i| i as f64).collect());
+        [false, true].map(|in_place| {
+            let s = Sample::new(
+                Op::IndexCopy { axis },
+                format!("axis {axis} dst {dst:?} index {index:?} {dtype} in place {in_place}"),
+                vec![
+                    input(dst, uniform(-2.0, 2.0)),
+                    fixed(&[index.len()], dtype, positions.clone()),
+                    input(&src, uniform(-2.0, 2.0)),
+                ],
+            )
+            .dtypes(&ANY_DTYPE);
+            if in_place {
+                s.in_place()
+            } else {
+                s
+            }
+        })
+    };
+    let all: Vec<i64> = (0..33).collect();
+    [
+        case(0, &[7, 5], &[4, 0, 6], DType::I32),
+        case(3, &[2, 1, 3, 16, 8], &[9], DType::I32),
+        case(3, &[2, 2, 2, 40, 16], &all, DType::U32),
+        case(1, &[3, 10, 4], &[2, 11, -1, 7], DType::I32),
+        case(2, &[2, 3, 5], &[4, 1], DType::U32),
+        case(0, &[4, 3], &[], DType::I32),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }

@@ -6,8 +6,8 @@
 //! columns and K, row-wise ops (softmax, layer norm with its statistics, cross-entropy and
 //! its backward) over ranges of rows, reductions split along kept dimensions and into
 //! partial results along reduced ones, attention and rotary embedding over parts of whole
-//! heads, gather and scatter-add split on and off their axis, and convolutions over parts of
-//! their columns. Splits
+//! heads, gather and scatter-add split on and off their axis, an index copy split along its
+//! rows, and convolutions over parts of their columns. Splits
 //! that the family samples already take under a small binding cap (the optimizer's flat
 //! ranges, embedding over ranges of positions) have no sample here: each of these costs a
 //! minute of CPU reference time.
@@ -282,6 +282,20 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
                 .reduce(2),
             ]
         }
+        // A cache-like destination split along its rows, written at a few columns.
+        Op::IndexCopy { .. } => {
+            let index = vec![0.0, (cols / 2) as f64, (cols - 1) as f64, cols as f64];
+            vec![Sample::new(
+                Op::IndexCopy { axis: 1 },
+                format!("axis 1 dst {big:?} index {index:?} in place"),
+                vec![
+                    input(&big, uniform(-1.0, 1.0)),
+                    ids(index),
+                    input(&[rows, 4], uniform(-1.0, 1.0)),
+                ],
+            )
+            .in_place()]
+        }
         Op::Conv2d { .. } | Op::Conv2dBackwardData { .. } | Op::Conv2dBackwardWeight { .. } => {
             conv::one_large_image(op, rows, cols)
         }
@@ -293,11 +307,13 @@ pub fn samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
 /// Samples of the same kind that run only scaled down, in the small-binding test of the wgpu
 /// backend: at full size their CPU reference (attention backward) or lavapipe's kernels
 /// (convolutions over 1,025 images; lavapipe's tiled matmul costs about half a millisecond
-/// per output tile and K step) would add minutes to the `ops` test. Attention backward splits as
-/// attention does; convolutions over many small images split into parts of several images.
+/// per output tile and K step) would add minutes to the `ops` test. Attention backward and
+/// cached attention split as attention does; convolutions over many small images split into parts of several images.
 pub fn scaled_samples(op: &Op, rows: usize, cols: usize) -> Vec<Sample> {
     let samples = match op {
-        Op::AttentionBackward { .. } => vec![attention_case(op, rows, cols)],
+        Op::AttentionBackward { .. } | Op::CachedAttention => {
+            vec![attention_case(op, rows, cols)]
+        }
         Op::Conv2d { .. } | Op::Conv2dBackwardData { .. } | Op::Conv2dBackwardWeight { .. } => {
             conv::many_small_images(op, rows, cols)
         }
@@ -336,6 +352,12 @@ fn attention_case(op: &Op, rows: usize, cols: usize) -> Sample {
     };
     match op {
         Op::Attention { .. } => attention(Op::Attention { causal: true }, qkv()),
+        Op::CachedAttention => {
+            let mut inputs = qkv();
+            let positions = (0..t).map(|i| (i + 3) as f64).collect();
+            inputs.push(fixed(&[t], DType::I32, Gen::Values(positions)));
+            attention(Op::CachedAttention, inputs)
+        }
         Op::AttentionBackward { .. } => {
             let mut inputs = qkv();
             inputs.push(input(&q, forward(0)));

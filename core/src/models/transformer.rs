@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::{Family, TransformerConfig};
 use crate::nn::{
     join, CausalSelfAttention, Embedding, FeedForward, KvCache, LayerCache, LayerNorm, Linear, Mlp,
-    Module, Norm, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
+    Module, Norm, Positions, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -35,12 +35,12 @@ impl Block {
     pub fn forward(
         &self,
         x: &Tensor,
-        start: usize,
-        cache: Option<&mut Option<LayerCache>>,
+        positions: Positions<'_>,
+        cache: Option<(&mut Option<LayerCache>, Option<usize>)>,
     ) -> Result<Tensor> {
         let x = self
             .attn
-            .forward(&self.norm1.forward(x)?, start, cache, Some(x))?;
+            .forward(&self.norm1.forward(x)?, positions, cache, Some(x))?;
         self.mlp.forward(&self.norm2.forward(&x)?, Some(&x))
     }
 }
@@ -289,17 +289,8 @@ impl Transformer {
 
     /// Logits `[B, T, V]` for token ids `[B, T]` (i32 or u32). With a cache, the ids continue
     /// the cached positions and the cache grows by `T`.
-    pub fn forward(&self, ids: &Tensor, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
-        if ids.rank() != 2 || !ids.dtype().is_index() {
-            return Err(Error::shape(
-                "transformer",
-                format!(
-                    "token ids must be [B, T] i32 or u32; got {:?} {}",
-                    ids.shape(),
-                    ids.dtype()
-                ),
-            ));
-        }
+    pub fn forward(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        self.check_ids(ids)?;
         let t = ids.shape()[1];
         let start = cache.as_ref().map_or(0, |c| c.len());
         if start + t > self.config.max_positions || t == 0 {
@@ -311,19 +302,91 @@ impl Transformer {
                 ),
             ));
         }
+        let pos_ids = match &self.positions {
+            Some(_) => Some(Tensor::arange(
+                t,
+                start as f64,
+                1.0,
+                DType::I32,
+                &self.device,
+            )?),
+            None => None,
+        };
+        self.run(ids, Positions::From(start), pos_ids.as_ref(), cache)
+    }
+
+    /// Logits `[B, T, V]` for token ids `[B, T]` at `positions [T]` (an i32 device tensor),
+    /// written into and read from `cache`, of fixed capacity ([`KvCache::with_capacity`]):
+    /// the same launches at every position, so a decoding step built on it is recorded once
+    /// and replayed. Positions past the capacity are not written and see only the cache.
+    pub fn forward_at(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        self.check_ids(ids)?;
+        let t = ids.shape()[1];
+        if positions.shape() != [t] || positions.dtype() != DType::I32 || t == 0 {
+            return Err(Error::shape(
+                "transformer",
+                format!(
+                    "positions must be [T] i32 for ids {:?}; got {:?} {}",
+                    ids.shape(),
+                    positions.shape(),
+                    positions.dtype()
+                ),
+            ));
+        }
+        if cache.capacity().is_none() {
+            return Err(Error::invalid(
+                "transformer",
+                "device positions need a KV cache of fixed capacity (KvCache::with_capacity)",
+            ));
+        }
+        self.run(
+            ids,
+            Positions::Device(positions),
+            Some(positions),
+            Some(cache),
+        )
+    }
+
+    fn check_ids(&self, ids: &Tensor) -> Result<()> {
+        if ids.rank() != 2 || !ids.dtype().is_index() {
+            return Err(Error::shape(
+                "transformer",
+                format!(
+                    "token ids must be [B, T] i32 or u32; got {:?} {}",
+                    ids.shape(),
+                    ids.dtype()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The forward pass at `positions`; `pos_ids` are the learned positions' ids (GPT-2).
+    fn run(
+        &self,
+        ids: &Tensor,
+        positions: Positions<'_>,
+        pos_ids: Option<&Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
         let mut x = self.embed.forward(ids)?;
-        if let Some(pos) = &self.positions {
-            let pos_ids = Tensor::arange(t, start as f64, 1.0, DType::I32, &self.device)?;
-            x = x.add(&pos.forward(&pos_ids)?)?;
+        if let (Some(table), Some(pos_ids)) = (&self.positions, pos_ids) {
+            x = x.add(&table.forward(pos_ids)?)?;
         }
         if let Some(c) = cache.as_mut() {
-            if c.layers.len() != self.blocks.len() {
-                **c = KvCache::new(self.blocks.len());
-            }
+            c.fit_layers(self.blocks.len());
         }
         for (i, block) in self.blocks.iter().enumerate() {
-            let slot = cache.as_mut().map(|c| &mut c.layers[i]);
-            x = block.forward(&x, start, slot)?;
+            let slot = cache.as_mut().map(|c| {
+                let fixed = c.capacity();
+                (&mut c.layers[i], fixed)
+            });
+            x = block.forward(&x, positions, slot)?;
         }
         let x = self.norm.forward(&x)?;
         let head = self

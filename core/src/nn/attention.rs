@@ -98,18 +98,63 @@ impl Rotary {
         let (cos, sin) = self.tables(end)?;
         x.rotary(&cos.narrow(0, start, t)?, &sin.narrow(0, start, t)?)
     }
+
+    /// Rotates `x [B, H, T, D]` whose rows sit at `positions [T]` (a device tensor), with
+    /// tables covering the first `covered` positions (the cache's capacity): the rows are
+    /// looked up on the device.
+    pub fn apply_at(&self, x: &Tensor, positions: &Tensor, covered: usize) -> Result<Tensor> {
+        let (cos, sin) = self.tables(covered.min(self.max_positions))?;
+        x.rotary(&cos.embedding(positions)?, &sin.embedding(positions)?)
+    }
+}
+
+/// Where a forward pass's tokens sit in their sequences.
+#[derive(Clone, Copy, Debug)]
+pub enum Positions<'a> {
+    /// Known on the host: `start..start + T` (training, prompts, sampled decoding).
+    From(usize),
+    /// In a device tensor `[T]` (i32), with a KV cache of fixed capacity: a decoding step
+    /// whose launches are the same at every position, so that it is recorded once and
+    /// replayed ([`crate::ReplayedStep`]).
+    Device(&'a Tensor),
 }
 
 /// Cached keys and values of every layer, for incremental decoding.
 #[derive(Default)]
 pub struct KvCache {
     pub layers: Vec<Option<LayerCache>>,
+    /// A fixed capacity in positions (`None`: grown as needed).
+    capacity: Option<usize>,
 }
 
 impl KvCache {
     pub fn new(layers: usize) -> Self {
         KvCache {
             layers: (0..layers).map(|_| None).collect(),
+            capacity: None,
+        }
+    }
+
+    /// A cache of `capacity` positions, allocated at once and never grown or moved: what
+    /// forward passes at device positions ([`Positions::Device`]) write into, so that every
+    /// step's launches see the same buffers. Its [`KvCache::len`] counts the positions
+    /// written at host positions only (the device ones are known on the device).
+    pub fn with_capacity(layers: usize, capacity: usize) -> Self {
+        KvCache {
+            capacity: Some(capacity),
+            ..KvCache::new(layers)
+        }
+    }
+
+    /// The fixed capacity, if any.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    /// Empties the cache unless it has one slot per layer of a model of `layers`.
+    pub(crate) fn fit_layers(&mut self, layers: usize) {
+        if self.layers.len() != layers {
+            self.layers = (0..layers).map(|_| None).collect();
         }
     }
 
@@ -146,10 +191,16 @@ const MIN_CAPACITY: usize = 64;
 
 impl LayerCache {
     /// Appends `k` and `v` (`[B, Hkv, T, D]`) to the cache in `slot`, creating or growing it
-    /// as needed, and returns views of every cached position.
-    fn append(slot: &mut Option<LayerCache>, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// as needed (up to `fixed` positions where given), and returns views of every cached
+    /// position.
+    fn append(
+        slot: &mut Option<LayerCache>,
+        fixed: Option<usize>,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let t = k.shape()[2];
-        let cache = Self::reserve(slot, k.shape(), k.dtype(), k.device(), t)?;
+        let cache = Self::reserve(slot, fixed, k.shape(), k.dtype(), k.device(), t)?;
         cache.k.narrow(2, cache.len, t)?.copy_from(k)?;
         cache.v.narrow(2, cache.len, t)?.copy_from(v)?;
         cache.filled(t)
@@ -157,17 +208,44 @@ impl LayerCache {
 
     /// As [`LayerCache::append`] for keys and values stacked as `kv [2, B, Hkv, T, D]` (a
     /// view of a fused projection's output): one copy.
-    fn append_stacked(slot: &mut Option<LayerCache>, kv: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn append_stacked(
+        slot: &mut Option<LayerCache>,
+        fixed: Option<usize>,
+        kv: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let t = kv.shape()[3];
-        let cache = Self::reserve(slot, &kv.shape()[1..], kv.dtype(), kv.device(), t)?;
+        let cache = Self::reserve(slot, fixed, &kv.shape()[1..], kv.dtype(), kv.device(), t)?;
         cache.kv.narrow(3, cache.len, t)?.copy_from(kv)?;
         cache.filled(t)
     }
 
+    /// Writes keys and values stacked as `kv [2, B, Hkv, T, D]` at `positions [T]` (device)
+    /// into the cache of `capacity` positions in `slot`, and returns the whole cache's keys
+    /// and values.
+    fn write_at(
+        slot: &mut Option<LayerCache>,
+        capacity: usize,
+        kv: &Tensor,
+        positions: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let cache = Self::reserve(
+            slot,
+            Some(capacity),
+            &kv.shape()[1..],
+            kv.dtype(),
+            kv.device(),
+            0,
+        )?;
+        cache.kv.index_copy(3, positions, kv)?;
+        Ok((cache.k.clone(), cache.v.clone()))
+    }
+
     /// The cache in `slot` with room for `t` more positions of keys of shape `[B, Hkv, T,
-    /// D]`, created or grown as needed.
+    /// D]`, created or grown as needed; a cache of `fixed` capacity is created at that size
+    /// and never grows.
     fn reserve<'a>(
         slot: &'a mut Option<LayerCache>,
+        fixed: Option<usize>,
         shape: &[usize],
         dtype: DType,
         device: &Arc<dyn Device>,
@@ -175,8 +253,14 @@ impl LayerCache {
     ) -> Result<&'a mut LayerCache> {
         let len = slot.as_ref().map_or(0, |c| c.len);
         let capacity = slot.as_ref().map_or(0, |c| c.kv.shape()[3]);
-        if len + t > capacity {
-            let capacity = (len + t).max(2 * capacity).max(MIN_CAPACITY);
+        if let Some(fixed) = fixed.filter(|&f| len + t > f) {
+            return Err(crate::Error::invalid(
+                "kv_cache",
+                format!("{} positions do not fit a cache of {fixed}", len + t),
+            ));
+        }
+        if slot.is_none() || len + t > capacity {
+            let capacity = fixed.unwrap_or((len + t).max(2 * capacity).max(MIN_CAPACITY));
             let mut whole = vec![2];
             whole.extend_from_slice(shape);
             whole[3] = capacity;
@@ -222,14 +306,15 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    /// `x [B, T, C]` at positions `start..start + T` to `[B, T, C]`, plus `residual` if given
-    /// (added in the output projection's matmul). With a cache, the new keys and values are
-    /// appended and attention covers every cached position.
+    /// `x [B, T, C]` at `positions` to `[B, T, C]`, plus `residual` if given (added in the
+    /// output projection's matmul). With a cache (of `capacity` positions where fixed), the
+    /// new keys and values are appended (written at the device positions) and attention
+    /// covers every cached position up to each query's.
     pub fn forward(
         &self,
         x: &Tensor,
-        start: usize,
-        cache: Option<&mut Option<LayerCache>>,
+        positions: Positions<'_>,
+        cache: Option<(&mut Option<LayerCache>, Option<usize>)>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let &[b, t, _] = x.shape() else {
@@ -242,44 +327,83 @@ impl CausalSelfAttention {
         let heads = |t_: Tensor, h: usize| -> Result<Tensor> {
             t_.reshape(&[b, t, h, d])?.transpose(1, 2)?.contiguous()
         };
+        let scale = 1.0 / (d as f64).sqrt();
+        if let Positions::Device(at) = positions {
+            let Some((slot, Some(capacity))) = cache else {
+                return Err(crate::Error::invalid(
+                    "attention",
+                    "device positions need a KV cache of fixed capacity",
+                ));
+            };
+            let (q, kv) = match (&self.qkv, &self.rotary) {
+                // GPT-2: keys and values go into the cache from the projection's output.
+                (QkvProjection::Fused(lin), None) if hq == hkv => {
+                    let y = lin.forward(x)?.reshape(&[b, t, 3, hq, d])?;
+                    let q = y.select(2, 0)?.transpose(1, 2)?.contiguous()?;
+                    (q, y.narrow(2, 1, 2)?.permute(&[2, 0, 3, 1, 4])?)
+                }
+                _ => {
+                    let (q, k, v) = self.project(x)?;
+                    let (mut q, mut k, v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
+                    if let Some(rot) = &self.rotary {
+                        q = rot.apply_at(&q, at, capacity)?;
+                        k = rot.apply_at(&k, at, capacity)?;
+                    }
+                    (q, Tensor::cat(&[&k.unsqueeze(0)?, &v.unsqueeze(0)?], 0)?)
+                }
+            };
+            let (k, v) = LayerCache::write_at(slot, capacity, &kv, at)?;
+            let y = Tensor::cached_attention(&q, &k, &v, at, scale)?;
+            let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;
+            return self.out.forward_plus(&y, residual);
+        }
+        let Positions::From(start) = positions else {
+            unreachable!("device positions returned above")
+        };
         let (q, k, v) = match (&self.qkv, cache) {
             // A fused projection's keys and values without rotary embedding (GPT-2) go into
             // the cache straight from the projection's output, with one copy.
-            (QkvProjection::Fused(lin), Some(slot)) if self.rotary.is_none() && hq == hkv => {
+            (QkvProjection::Fused(lin), Some((slot, fixed)))
+                if self.rotary.is_none() && hq == hkv =>
+            {
                 let y = lin.forward(x)?.reshape(&[b, t, 3, hq, d])?;
                 let q = y.select(2, 0)?.transpose(1, 2)?.contiguous()?;
                 let kv = y.narrow(2, 1, 2)?.permute(&[2, 0, 3, 1, 4])?;
-                let (k, v) = LayerCache::append_stacked(slot, &kv)?;
+                let (k, v) = LayerCache::append_stacked(slot, fixed, &kv)?;
                 (q, k, v)
             }
-            (qkv, cache) => {
-                let (q, k, v) = match qkv {
-                    QkvProjection::Fused(lin) => {
-                        let y = lin.forward(x)?;
-                        (
-                            y.narrow(2, 0, hq * d)?,
-                            y.narrow(2, hq * d, hkv * d)?,
-                            y.narrow(2, (hq + hkv) * d, hkv * d)?,
-                        )
-                    }
-                    QkvProjection::Split { q, k, v } => {
-                        (q.forward(x)?, k.forward(x)?, v.forward(x)?)
-                    }
-                };
+            (_, cache) => {
+                let (q, k, v) = self.project(x)?;
                 let (mut q, mut k, mut v) = (heads(q, hq)?, heads(k, hkv)?, heads(v, hkv)?);
                 if let Some(rot) = &self.rotary {
                     q = rot.apply(&q, start)?;
                     k = rot.apply(&k, start)?;
                 }
-                if let Some(slot) = cache {
-                    (k, v) = LayerCache::append(slot, &k, &v)?;
+                if let Some((slot, fixed)) = cache {
+                    (k, v) = LayerCache::append(slot, fixed, &k, &v)?;
                 }
                 (q, k, v)
             }
         };
-        let y = Tensor::attention(&q, &k, &v, true, 1.0 / (d as f64).sqrt())?;
+        let y = Tensor::attention(&q, &k, &v, true, scale)?;
         let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;
         self.out.forward_plus(&y, residual)
+    }
+
+    /// Queries, keys and values of `x [B, T, C]`, each `[B, T, heads * D]`.
+    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
+        Ok(match &self.qkv {
+            QkvProjection::Fused(lin) => {
+                let y = lin.forward(x)?;
+                (
+                    y.narrow(2, 0, hq * d)?,
+                    y.narrow(2, hq * d, hkv * d)?,
+                    y.narrow(2, (hq + hkv) * d, hkv * d)?,
+                )
+            }
+            QkvProjection::Split { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+        })
     }
 }
 

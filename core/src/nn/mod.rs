@@ -7,7 +7,7 @@
 mod attention;
 mod layers;
 
-pub use attention::{CausalSelfAttention, KvCache, LayerCache, QkvProjection, Rotary};
+pub use attention::{CausalSelfAttention, KvCache, LayerCache, Positions, QkvProjection, Rotary};
 pub use layers::{
     Dropout, Embedding, FeedForward, LayerNorm, Linear, Mlp, Norm, RmsNorm, SwiGluMlp,
 };

@@ -17,8 +17,17 @@
 //! - `AttentionBackward { causal }`: `(q, k, v, out, lse, dout)`, scalar `scale`, to
 //!   `(dq, dk, dv)`; the gradients of key/value heads shared by several query heads are summed
 //!   in a fixed order.
+//! - `CachedAttention`: `(q [B, Hq, Tq, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv], positions [Tq]
+//!   i32/u32)`, scalar `scale`, to `out [B, Hq, Tq, Dv]`: causal attention over a KV cache of
+//!   capacity `S` whose filled length is known only on the device (a replayed decoding step,
+//!   as `flash_attn_with_kvcache` with cache lengths). Query `i` sits at position
+//!   `positions[i]` and sees keys `j <= positions[i]`, `j < S`; the keys past it are never
+//!   read, so cache rows not yet written may hold anything. Scores and softmax as `Attention`.
+//!   Forward only: no log-sum-exp, no gradient.
 
-use super::{require_float, require_same_dtype, specs_str, stats_dtype, Op, TensorSpec};
+use super::{
+    require_float, require_index, require_same_dtype, specs_str, stats_dtype, Op, TensorSpec,
+};
 use crate::{Error, Result};
 
 pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<TensorSpec>> {
@@ -79,6 +88,33 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
                 inputs[1].clone(),
                 inputs[2].clone(),
             ])
+        }
+        Op::CachedAttention => {
+            require_float(name, inputs, &[0, 1, 2])?;
+            require_same_dtype(name, inputs, &[0, 1, 2])?;
+            require_index(name, inputs, 3)?;
+            let (q, k, v) = (&inputs[0].shape, &inputs[1].shape, &inputs[2].shape);
+            let fits = q.len() == 4
+                && k.len() == 4
+                && v.len() == 4
+                && k[0] == q[0]
+                && v[0] == q[0]
+                && k[3] == q[3]
+                && v[1] == k[1]
+                && v[2] == k[2]
+                && k[1] > 0
+                && q[1] % k[1] == 0
+                && inputs[3].shape == [q[2]];
+            if !fits {
+                return Err(err(
+                    "need q [B, Hq, Tq, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] with Hq a \
+                     multiple of Hkv, and positions [Tq]",
+                ));
+            }
+            Ok(vec![TensorSpec::new(
+                &[q[0], q[1], q[2], v[3]],
+                inputs[0].dtype,
+            )])
         }
         _ => unreachable!("not an attention op: {op:?}"),
     }

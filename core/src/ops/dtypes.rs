@@ -22,6 +22,8 @@ pub fn catalog_allows(op: &Op, dtypes: &[DType]) -> bool {
         Op::Where => dtypes.first().is_none_or(|&d| d == DType::Bool),
         Op::Embedding | Op::Gather { .. } => index(1),
         Op::EmbeddingBackward | Op::ScatterAdd { .. } => index(0) && not_bool(1),
+        Op::IndexCopy { .. } => index(1),
+        Op::CachedAttention => float(0) && float(1) && float(2) && index(3),
         Op::CrossEntropy | Op::CrossEntropyBackward => float(0) && index(1),
         _ => (0..dtypes.len()).all(|i| {
             let stats_or_scale = matches!(

@@ -21,8 +21,8 @@
 //!   layouts by the caller.
 //! - f16 and bf16 are computed in f32; statistics outputs (norm mean/rstd, attention and
 //!   cross-entropy log-sum-exp, losses, norms) are f32, or f64 for f64 inputs.
-//! - Only optimizer updates write in place: their outputs may be the same buffers and layouts
-//!   as the corresponding inputs.
+//! - Only optimizer updates and index copies write in place: their outputs may be the same
+//!   buffers and layouts as the corresponding inputs.
 
 mod attention;
 mod conv;
@@ -138,6 +138,9 @@ pub enum Op {
     ScatterAdd {
         axis: usize,
     },
+    IndexCopy {
+        axis: usize,
+    },
     // norm.rs
     LayerNorm,
     LayerNormBackward,
@@ -151,6 +154,7 @@ pub enum Op {
     AttentionBackward {
         causal: bool,
     },
+    CachedAttention,
     // loss.rs
     CrossEntropy,
     CrossEntropyBackward,
@@ -218,6 +222,7 @@ impl Op {
             EmbeddingBackward,
             Gather { axis: 0 },
             ScatterAdd { axis: 0 },
+            IndexCopy { axis: 0 },
             LayerNorm,
             LayerNormBackward,
             RmsNorm,
@@ -225,6 +230,7 @@ impl Op {
             Rotary,
             Attention { causal: true },
             AttentionBackward { causal: true },
+            CachedAttention,
             CrossEntropy,
             CrossEntropyBackward,
             AdamUpdate {
@@ -275,11 +281,16 @@ impl Op {
             | SoftmaxBackward
             | LogSoftmaxBackward => OpFamily::Reduce,
             Matmul { .. } => OpFamily::Matmul,
-            Concat { .. } | Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => {
-                OpFamily::Movement
-            }
+            Concat { .. }
+            | Embedding
+            | EmbeddingBackward
+            | Gather { .. }
+            | ScatterAdd { .. }
+            | IndexCopy { .. } => OpFamily::Movement,
             LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => OpFamily::Norm,
-            Rotary | Attention { .. } | AttentionBackward { .. } => OpFamily::Attention,
+            Rotary | Attention { .. } | AttentionBackward { .. } | CachedAttention => {
+                OpFamily::Attention
+            }
             CrossEntropy | CrossEntropyBackward => OpFamily::Loss,
             AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => OpFamily::Optim,
             Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
@@ -317,6 +328,7 @@ impl Op {
             EmbeddingBackward => "embedding_backward".into(),
             Gather { .. } => "gather".into(),
             ScatterAdd { .. } => "scatter_add".into(),
+            IndexCopy { .. } => "index_copy".into(),
             LayerNorm => "layer_norm".into(),
             LayerNormBackward => "layer_norm_backward".into(),
             RmsNorm => "rms_norm".into(),
@@ -324,6 +336,7 @@ impl Op {
             Rotary => "rotary".into(),
             Attention { .. } => "attention".into(),
             AttentionBackward { .. } => "attention_backward".into(),
+            CachedAttention => "cached_attention".into(),
             CrossEntropy => "cross_entropy".into(),
             CrossEntropyBackward => "cross_entropy_backward".into(),
             AdamUpdate {
@@ -364,7 +377,7 @@ impl Op {
             ],
             Unary(u) | UnaryBackward(u) => u.scalar_names(),
             LayerNorm | RmsNorm => &["eps"],
-            Attention { .. } | AttentionBackward { .. } => &["scale"],
+            Attention { .. } | AttentionBackward { .. } | CachedAttention => &["scale"],
             AdamUpdate { .. } => &[
                 "lr",
                 "beta1",
@@ -404,14 +417,17 @@ impl Op {
     pub fn reads_layout(&self, input: usize, layout: &crate::Layout) -> bool {
         self.reads_strided()
             || layout.is_contiguous()
-            || (matches!(self, Op::Attention { .. })
+            || (matches!(self, Op::Attention { .. } | Op::CachedAttention)
                 && matches!(input, 1 | 2)
                 && layout.rows_contiguous())
     }
 
-    /// Whether outputs may alias the matching inputs (optimizer updates).
+    /// Whether outputs may alias the matching inputs (optimizer updates, index copies).
     pub fn updates_in_place(&self) -> bool {
-        matches!(self, Op::AdamUpdate { .. } | Op::SgdUpdate { .. })
+        matches!(
+            self,
+            Op::AdamUpdate { .. } | Op::SgdUpdate { .. } | Op::IndexCopy { .. }
+        )
     }
 
     /// Whether the tensor API differentiates this op (so conformance checks its gradients).
@@ -501,12 +517,14 @@ impl Op {
             Matmul { bias, residual, .. } => 2 + usize::from(*bias) + usize::from(*residual),
             Concat { .. } | SquaredNorm => return None,
             Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => 2,
+            IndexCopy { .. } => 3,
             LayerNorm | Rotary => 3,
             RmsNorm | CrossEntropy => 2,
             LayerNormBackward => 5,
             RmsNormBackward => 4,
             Attention { .. } => 3,
             AttentionBackward { .. } => 6,
+            CachedAttention => 4,
             CrossEntropyBackward => 4,
             AdamUpdate { .. } => 5,
             SgdUpdate { momentum, .. } => 3 + usize::from(*momentum),

@@ -14,6 +14,12 @@
 //!   rank, at least as large off `axis`): zeros, then `out[..index[i]..] += src[i]` along
 //!   `axis` (torch.scatter_add onto zeros), summed in increasing source order. Out-of-range
 //!   indices are skipped.
+//! - `IndexCopy { axis }`: `(dst, index [T] i32/u32, src)`, `src` of `dst`'s shape except `T`
+//!   along `axis`, one dtype (any), to `out` of `dst`'s spec: `dst` with
+//!   `out[.., index[t], ..] = src[.., t, ..]` along `axis` (torch's `index_copy_`). It runs in
+//!   place (`out` may be `dst` itself: only the indexed rows are written), which is how a
+//!   replayed decoding step writes its keys and values at a position held on the device.
+//!   Out-of-range indices are skipped; with a repeated index, which row lands is unspecified.
 
 use super::{require_index, require_same_dtype, specs_str, Op, TensorSpec};
 use crate::{Error, Result};
@@ -111,6 +117,26 @@ pub(super) fn infer(
             let out = out_shape.ok_or_else(need_out)?;
             check_axis_and_bounds(name, *axis, idx, out, inputs)?;
             vec![TensorSpec::new(out, inputs[1].dtype)]
+        }
+        Op::IndexCopy { axis } => {
+            require_index(name, inputs, 1)?;
+            require_same_dtype(name, inputs, &[0, 2])?;
+            let (dst, idx, src) = (&inputs[0].shape, &inputs[1].shape, &inputs[2].shape);
+            let fits = *axis < dst.len()
+                && idx.len() == 1
+                && src.len() == dst.len()
+                && (0..dst.len()).all(|d| src[d] == if d == *axis { idx[0] } else { dst[d] });
+            if !fits {
+                return Err(Error::shape(
+                    name,
+                    format!(
+                        "along axis {axis}, need dst, a 1-D index [T] and src of dst's shape \
+                         with T along the axis; got {}",
+                        specs_str(inputs)
+                    ),
+                ));
+            }
+            vec![inputs[0].clone()]
         }
         _ => unreachable!("not a movement op: {op:?}"),
     })

@@ -2,7 +2,7 @@
 
 use super::Tensor;
 use crate::layout::normalize_axis;
-use crate::{Error, Op, Result};
+use crate::{is_grad_enabled, Error, Op, Result};
 
 impl Tensor {
     /// Joins tensors along `axis`.
@@ -37,6 +37,23 @@ impl Tensor {
     ) -> Result<Tensor> {
         let axis = normalize_axis("scatter_add", axis, shape)?;
         Ok(Tensor::apply(&Op::ScatterAdd { axis }, &[index, src], &[], Some(shape))?.remove(0))
+    }
+
+    /// Writes `src`'s entries `t` along `axis` into this tensor's entries `index[t]`, in place
+    /// (torch's `index_copy_`): every tensor sharing the buffer sees them. `index` is a 1-D
+    /// device tensor (i32 or u32), so the rows written may be chosen on the device; indices
+    /// outside the axis are skipped. This tensor must be row-major; not recorded.
+    pub fn index_copy(&self, axis: isize, index: &Tensor, src: &Tensor) -> Result<()> {
+        let axis = normalize_axis("index_copy", axis, self.shape())?;
+        if self.tracks_grad() || (is_grad_enabled() && src.tracks_grad()) {
+            return Err(Error::invalid(
+                "index_copy",
+                "in-place writes are not recorded; use them on tensors without gradients",
+            ));
+        }
+        let src = src.contiguous()?;
+        let index = index.contiguous()?;
+        Tensor::apply_in_place(&Op::IndexCopy { axis }, &[self, &index, &src], &[self], &[])
     }
 
     /// Entries `index` (1-D) along `axis`.

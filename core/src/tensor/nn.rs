@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Tensor;
 use crate::rng::RngState;
-use crate::{CompareOp, Conv2dParams, Device, Error, Op, Result};
+use crate::{is_grad_enabled, CompareOp, Conv2dParams, Device, Error, Op, Result};
 
 impl Tensor {
     /// Layer norm over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`.
@@ -33,6 +33,26 @@ impl Tensor {
         scale: f64,
     ) -> Result<Tensor> {
         Ok(Tensor::apply(&Op::Attention { causal }, &[q, k, v], &[scale], None)?.remove(0))
+    }
+
+    /// Causal attention of `q [B, Hq, Tq, D]` over a KV cache `k`, `v [B, Hkv, S, D]` whose
+    /// query `i` sits at position `positions[i]` (a device tensor `[Tq]`, i32 or u32) and sees
+    /// the keys up to it: decoding whose position lives on the device, so that a recorded step
+    /// replays at every position. Inference only: it has no gradient.
+    pub fn cached_attention(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        positions: &Tensor,
+        scale: f64,
+    ) -> Result<Tensor> {
+        if is_grad_enabled() && [q, k, v].iter().any(|t| t.tracks_grad()) {
+            return Err(Error::invalid(
+                "cached_attention",
+                "has no gradient: run it under no_grad (decoding)",
+            ));
+        }
+        Ok(Tensor::apply(&Op::CachedAttention, &[q, k, v, positions], &[scale], None)?.remove(0))
     }
 
     /// Per-row cross-entropy of `[N, V]` logits against `[N]` targets (f32; f64 for f64);

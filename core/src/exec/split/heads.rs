@@ -69,12 +69,15 @@ pub(super) fn attention_windows(
     // Keys and values (and their gradients) are the tensors with the key/value heads.
     let backward = matches!(op, Op::AttentionBackward { .. });
     let of_keys = |output: bool, k: usize| matches!(k, 1 | 2) && (backward || !output);
+    // A cached attention's positions belong to every part.
+    let positions = |output: bool, k: usize| !output && k == 3 && *op == Op::CachedAttention;
     let narrow = |list: &[TensorRef<'_>], output: bool, start: usize, len: usize| {
         list.iter()
             .enumerate()
-            .map(|(k, t)| match of_keys(output, k) {
-                true => t.layout.narrow(dim, start, len),
-                false => t.layout.narrow(dim, start * per_query, len * per_query),
+            .map(|(k, t)| match (positions(output, k), of_keys(output, k)) {
+                (true, _) => t.layout.clone(),
+                (false, true) => t.layout.narrow(dim, start, len),
+                (false, false) => t.layout.narrow(dim, start * per_query, len * per_query),
             })
             .collect()
     };

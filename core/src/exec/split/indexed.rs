@@ -3,7 +3,7 @@
 use crate::{Layout, Op, Result, TensorRef};
 
 use super::flat::flat_ranges;
-use super::part::{halves, too_large, Part, PartLauncher};
+use super::part::{halves, on_halves, too_large, Part, PartLauncher};
 
 /// `layout` narrowed off `axis` to `extent`'s sizes: the part of `x` a gather reads, or of a
 /// scatter-add's output its sources reach.
@@ -132,4 +132,47 @@ pub(super) fn scatter_add_parts(
     halve_on_axis(dev, &op, axis, parts, 2, first, &|parts, first| {
         scatter_add_parts(dev, axis, parts, first)
     })
+}
+
+/// An index copy in halves of the outermost dimension longer than one (of `dst`, `src` and
+/// the output alike), recursively, until each part fits; parts stay row-major, so that
+/// dimension must come before `axis`. The index is whole in every part.
+pub(super) fn index_copy_windows(
+    dev: &dyn PartLauncher,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    if dev.fits(inputs) && dev.fits(outputs) {
+        return dev.launch_whole(op, inputs, outputs, s);
+    }
+    let Op::IndexCopy { axis } = op else {
+        return Err(too_large(dev, op, inputs, outputs));
+    };
+    let dst = &inputs[0].layout.shape;
+    let dim = match (0..dst.len()).find(|&d| dst[d] > 1) {
+        Some(d) if d < *axis => d,
+        _ => return Err(too_large(dev, op, inputs, outputs)),
+    };
+    on_halves(
+        dev,
+        op,
+        inputs,
+        outputs,
+        s,
+        dst[dim],
+        index_copy_windows,
+        |start, len| {
+            let li = inputs
+                .iter()
+                .enumerate()
+                .map(|(k, t)| match k {
+                    1 => t.layout.clone(),
+                    _ => t.layout.narrow(dim, start, len),
+                })
+                .collect();
+            (li, vec![outputs[0].layout.narrow(dim, start, len)])
+        },
+    )
 }

@@ -18,11 +18,12 @@
 //! - reductions and argmax halve their input along kept dimensions, and along reduced ones
 //!   into partial results (`reduce_windows`);
 //! - rotary embedding halves its rows' outermost dimension (with the tables' rows where that
-//!   is the sequence), attention and its backward the batch, then the key/value heads with
-//!   their query heads: parts of whole heads;
+//!   is the sequence), attention (cached too) and its backward the batch, then the key/value
+//!   heads with their query heads: parts of whole heads;
 //! - gather halves its index and output (and `x` off the axis), or `x` into windows of rows
 //!   along the axis; scatter-add zeroes its output, then adds parts of its sources into parts
-//!   of its targets (`gather_windows`, `scatter_add_windows`);
+//!   of its targets (`gather_windows`, `scatter_add_windows`); an index copy halves its
+//!   destination and source along a dimension before the axis (`index_copy_windows`);
 //! - ops whose split depends on how the backend's kernels compute them (matmul, the
 //!   convolutions, embedding and its backward, concat, the squared norm) split themselves
 //!   ([`PartLauncher::splits_itself`]), through this same trait.
@@ -43,7 +44,7 @@ use crate::{Op, Result, TensorRef};
 
 use flat::{flat_ranges, halve};
 use heads::{attention_windows, rotary_windows};
-use indexed::{gather_windows, scatter_add_windows};
+use indexed::{gather_windows, index_copy_windows, scatter_add_windows};
 use reduce::reduce_windows;
 use rows::{norm_backward_ranges, row_ranges};
 
@@ -83,7 +84,7 @@ pub fn launch(
         LayerNormBackward | RmsNormBackward => norm_backward_ranges(dev, op, inputs, outputs, s),
         Reduce { .. } | ArgMax { .. } => reduce_windows(dev, op, inputs[0], outputs[0], 0),
         Rotary => rotary_windows(dev, op, inputs, outputs, s),
-        Attention { .. } | AttentionBackward { .. } => {
+        Attention { .. } | AttentionBackward { .. } | CachedAttention => {
             attention_windows(dev, op, inputs, outputs, s)
         }
         CrossEntropy | CrossEntropyBackward => {
@@ -91,6 +92,7 @@ pub fn launch(
         }
         Gather { axis } => gather_windows(dev, *axis, inputs, outputs),
         ScatterAdd { axis } => scatter_add_windows(dev, *axis, inputs, outputs),
+        IndexCopy { .. } => index_copy_windows(dev, op, inputs, outputs, s),
         SquaredNorm
         | Embedding
         | EmbeddingBackward

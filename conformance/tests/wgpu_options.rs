@@ -5,8 +5,9 @@
 //!   parameters as immediates where the adapter has them (not the default, which the `ops`
 //!   test runs) and workgroup reductions as trees (no subgroups). Every sample of the ops
 //!   that run over windows (their families' samples and the large and scaled-only ones of
-//!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32; cross-entropy and attention,
-//!   whose families have rows or heads wider than 64 KiB, the latter only) matches, none
+//!   `samples::windows`, scaled to `[70, 300]`, 84 KB in f32; cross-entropy and attention
+//!   (cached too), whose families have rows or heads wider than 64 KiB, the latter only)
+//!   matches, none
 //!   unsupported. The full-size samples (past lavapipe's 128 MiB) run in the `ops` test.
 //! - Workgroup reductions as trees (no subgroups), parameters as immediates: every sample of
 //!   the ops whose kernels reduce over a workgroup matches.
@@ -29,7 +30,10 @@ const MAX_BINDING: u64 = 64 << 10;
 /// family samples too (every op runs over windows: `backend-wgpu/src/windows.rs`).
 fn has_parts_past_the_cap(op: &Op) -> bool {
     op.family() == OpFamily::Loss
-        || matches!(op, Op::Attention { .. } | Op::AttentionBackward { .. })
+        || matches!(
+            op,
+            Op::Attention { .. } | Op::AttentionBackward { .. } | Op::CachedAttention
+        )
 }
 
 /// Ops whose kernels reduce over a workgroup (`wg_sum`/`wg_max`).

@@ -149,11 +149,12 @@ UNROLL
 
 #if defined(CACHED)
 // Attention over a KV cache at positions read from the device (`CachedAttention`: decoding),
-// a block per query row. Its warps take every WARPS-th visible key, each lane a slice of the
-// head dims (the dot product summed across the warp), each warp keeping its own online
-// softmax; the warps' maxima, sums and partial outputs merge at the end. Keys past the
-// query's position are never read. I: the positions' type; THREADS: the block's threads.
+// a block per query row. Its warps take KEYS visible keys in every WARPS x KEYS, each lane a
+// slice of the head dims (the dot products summed across the warp), each warp keeping its
+// own online softmax; the warps' maxima, sums and partial outputs merge at the end. Keys past
+// the query's position are never read. I: the positions' type; THREADS: the block's threads.
 #define WARPS (THREADS / WARP_SIZE)
+#define KEYS 4
 #define QL ((KA + WARP_SIZE - 1) / WARP_SIZE)
 #define VL ((VA + WARP_SIZE - 1) / WARP_SIZE)
 KERNEL __launch_bounds__(THREADS) void cached(const Params p) {
@@ -183,29 +184,45 @@ UNROLL
 UNROLL
         for (int c = 0; c < VL; ++c) acc[c] = 0.0f;
         float m = -inf_f(), l = 0.0f;
-        for (u32 j = w; j < n; j += WARPS) {
-            const T* kr = kh + (u64)j * KD;
-            const T* vr = vh + (u64)j * VD;
-            float s = 0.0f;
+        // KEYS keys per step of a warp: their loads and sums are independent, so they
+        // overlap, and the online softmax rescales once per step.
+        for (u32 j0 = w * KEYS; j0 < n; j0 += WARPS * KEYS) {
+            float s[KEYS];
 UNROLL
-            for (int c = 0; c < QL; ++c) {
-                const u32 d = lane + c * WARP_SIZE;
-                if (d < (u32)KD) s += q[c] * ld(kr, d);
+            for (int u = 0; u < KEYS; ++u) {
+                const T* kr = kh + (u64)(j0 + u) * KD;
+                float x = 0.0f;
+UNROLL
+                for (int c = 0; c < QL; ++c) {
+                    const u32 d = lane + c * WARP_SIZE;
+                    if (j0 + u < n && d < (u32)KD) x += q[c] * ld(kr, d);
+                }
+                s[u] = x;
             }
-            s = p.scale * warp_sum(s);
-            if (s > m) {
-                const float alpha = expf(m - s);
+            float top = m;
+UNROLL
+            for (int u = 0; u < KEYS; ++u) {
+                s[u] = p.scale * warp_sum(s[u]);
+                if (j0 + u < n && s[u] > top) top = s[u];
+            }
+            if (top > m) {
+                const float alpha = expf(m - top);
                 l *= alpha;
 UNROLL
                 for (int c = 0; c < VL; ++c) acc[c] *= alpha;
-                m = s;
+                m = top;
             }
-            const float e = expf(s - m);
-            l += e;
 UNROLL
-            for (int c = 0; c < VL; ++c) {
-                const u32 d = lane + c * WARP_SIZE;
-                if (d < (u32)VD) acc[c] += e * ld(vr, d);
+            for (int u = 0; u < KEYS; ++u) {
+                if (j0 + u >= n) continue;
+                const T* vr = vh + (u64)(j0 + u) * VD;
+                const float e = expf(s[u] - m);
+                l += e;
+UNROLL
+                for (int c = 0; c < VL; ++c) {
+                    const u32 d = lane + c * WARP_SIZE;
+                    if (d < (u32)VD) acc[c] += e * ld(vr, d);
+                }
             }
         }
         if (lane == 0) {

@@ -3,7 +3,7 @@
 // over rows in a fixed order: each block sums a chunk of rows for a tile of columns, then a
 // second kernel adds the chunks' partial sums in order. Parameters: `NormParams`
 // (ops/norm.rs). The planner defines T (the data's stored type) and LAYER (1 for layer norm,
-// 0 for RMS norm).
+// 0 for RMS norm); `norm_forward_regs` also REGS, the elements each thread holds.
 
 #define MAX_WARPS 32
 
@@ -45,6 +45,67 @@ KERNEL void norm_forward(const Params p) {
         if (threadIdx.x == 0) ((float*)p.rstd)[row] = rstd;
     }
 }
+
+#if defined(REGS)
+// norm_forward for rows of at most REGS x blockDim.x elements: each thread loads its
+// elements once into registers (element j = threadIdx.x + i * blockDim.x, as norm_forward
+// strides, so the sums and results are the same bits) and works from there, one trip to
+// memory per row instead of three.
+KERNEL void norm_forward_regs(const Params p) {
+    __shared__ float scratch[MAX_WARPS];
+    T* y = (T*)p.y;
+    const u64 n = p.n;
+    const float nf = (float)n;
+    for (u64 row = block_index(); row < p.rows; row += block_count()) {
+        const T* xr = (const T*)p.x + row * n;
+        // The row, weight and bias are all loaded before the first sum waits on them.
+        float v[REGS], wv[REGS];
+#if LAYER
+        float bv[REGS];
+#endif
+#pragma unroll
+        for (int i = 0; i < REGS; ++i) {
+            const u64 j = threadIdx.x + (u64)i * blockDim.x;
+            v[i] = j < n ? ld(xr, j) : 0.0f;
+            wv[i] = j < n ? ld((const T*)p.w, j) : 0.0f;
+#if LAYER
+            bv[i] = j < n ? ld((const T*)p.b, j) : 0.0f;
+#endif
+        }
+#if LAYER
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < REGS; ++i) s += v[i];
+        const float mean = block_sum(s, scratch) / nf;
+        float q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < REGS; ++i) {
+            const u64 j = threadIdx.x + (u64)i * blockDim.x;
+            const float d = v[i] - mean;
+            if (j < n) q += d * d;
+        }
+        const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / nf + p.eps);
+#pragma unroll
+        for (int i = 0; i < REGS; ++i) {
+            const u64 j = threadIdx.x + (u64)i * blockDim.x;
+            if (j < n) st(y, row * n + j, (v[i] - mean) * rstd * wv[i] + bv[i]);
+        }
+        if (threadIdx.x == 0) ((float*)p.mean)[row] = mean;
+#else
+        float q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < REGS; ++i) q += v[i] * v[i];
+        const float rstd = 1.0f / sqrtf(block_sum(q, scratch) / nf + p.eps);
+#pragma unroll
+        for (int i = 0; i < REGS; ++i) {
+            const u64 j = threadIdx.x + (u64)i * blockDim.x;
+            if (j < n) st(y, row * n + j, v[i] * rstd * wv[i]);
+        }
+#endif
+        if (threadIdx.x == 0) ((float*)p.rstd)[row] = rstd;
+    }
+}
+#endif
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight; RMS norm has no
 // mean(g) term and xhat = x * rstd.

@@ -209,9 +209,10 @@ KERNEL void argmax_thread(const Params p) {
 }
 
 // Argmax with a block per output (blockDim.x a power of two, at most 1024): each thread scans
-// every blockDim.x-th element, four loads in flight at a time (`better` breaks ties by
-// index, so the order of comparisons does not matter), then a tree keeps the better of each
-// pair.
+// every blockDim.x-th element, ARGMAX_LOADS loads in flight at a time (a decoding step's one
+// row of logits waits on their latency; `better` breaks ties by index, so the order of
+// comparisons does not matter), then a tree keeps the better of each pair.
+#define ARGMAX_LOADS 16
 KERNEL __launch_bounds__(1024) void argmax_block(const Params p) {
     __shared__ float sv[1024];
     __shared__ IDX si[1024];
@@ -221,15 +222,15 @@ KERNEL __launch_bounds__(1024) void argmax_block(const Params p) {
         const IDX base = kept_offset(p, o);
         float bv = ld(X, base);
         IDX bi = 0;
-        for (IDX r0 = t; r0 < n; r0 += 4 * stride) {
-            float v[4];
+        for (IDX r0 = t; r0 < n; r0 += ARGMAX_LOADS * stride) {
+            float v[ARGMAX_LOADS];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < ARGMAX_LOADS; ++k) {
                 const IDX r = r0 + (IDX)k * stride;
                 v[k] = r < n ? ld(X, base + reduced_offset(p, r)) : 0.0f;
             }
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < ARGMAX_LOADS; ++k) {
                 const IDX r = r0 + (IDX)k * stride;
                 if (r < n && better(bv, bi, v[k], r)) {
                     bv = v[k];

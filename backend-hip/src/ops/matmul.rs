@@ -11,6 +11,11 @@
 //! the bias (its epilogue) or a row-major residual (`beta = 1`) before rounding into the
 //! output; an activation, both, or a residual BLAS cannot read send f32 sums to the epilogue
 //! kernel of `kernels/matmul.hip`.
+//! Products of at most [`FEW_ROWS`] rows with `b` contiguous along k (a linear layer's
+//! weight while decoding) skip BLAS: its kernels for them read the weight at a fraction of
+//! the memory's speed (cuBLASLt took 6-7 us for each of GPT-2's 768 x 3,072 products of one
+//! row on an H100), and need a second launch for a bias with a residual. `few_rows` reads
+//! the weight once at full width and applies the whole epilogue.
 
 use std::sync::Arc;
 
@@ -18,7 +23,7 @@ use tessera_core::{merge_dims, Buffer, DType, Layout, Op, Result, TensorRef, Una
 
 use super::{cxx_type, elementwise, index_type, raw_type};
 use crate::driver::{DevicePtr, Gemm, Grid};
-use crate::gpu::{grid_for, Gpu, Source};
+use crate::gpu::{grid_for, rows_grid, Gpu, Source};
 use crate::memory::buffer_address;
 use crate::params::hip_params;
 
@@ -35,6 +40,23 @@ hip_params! {
         elements: u64,
         cols: u64,
         acc_ld: u64,
+    }
+}
+
+hip_params! {
+    /// [`few_rows`]'s operands (absent ones 0): `a`'s rows `lda` elements apart, `b^T`'s rows
+    /// (one per output column) `ldb` apart, both `k` long; the output and residual row-major
+    /// with `cols` columns.
+    FewRowsParams {
+        a: u64,
+        b: u64,
+        bias: u64,
+        residual: u64,
+        out: u64,
+        k: u64,
+        lda: u64,
+        ldb: u64,
+        cols: u64,
     }
 }
 
@@ -100,7 +122,89 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
         .into_iter()
         .map(|acc| epilogue_source(dtypes[0], acc, *bias, *activation, *residual, "u32"))
         .chain([repack_source(dtypes[0])])
+        .chain([1, FEW_ROWS].into_iter().flat_map(|rows| {
+            [1, 16 / dtypes[0].size()]
+                .map(|vec| few_rows_source(dtypes[0], rows, vec, *bias, *activation, *residual))
+        }))
         .collect()
+}
+
+/// Products of at most this many rows may run `few_rows`: its sums live in registers, eight
+/// per thread and chunk of b.
+const FEW_ROWS: usize = 8;
+
+fn few_rows_source(
+    dtype: DType,
+    rows: usize,
+    vec: usize,
+    bias: bool,
+    act: Option<UnaryOp>,
+    residual: bool,
+) -> Source {
+    Source::new::<FewRowsParams>(SRC, "few_rows")
+        .define("T", cxx_type(dtype))
+        .define("ROWS", rows.to_string())
+        .define("VEC", vec.to_string())
+        .define("HAS_BIAS", if bias { "1" } else { "0" })
+        .define("HAS_RESIDUAL", if residual { "1" } else { "0" })
+        .define("ACT(v)", activation(act))
+}
+
+/// The whole product, epilogue included, through `few_rows` where it fits: no batches (or
+/// batches of one), at most [`FEW_ROWS`] rows of a row-major `a`, `b` contiguous along k, a
+/// row-major output and residual. Returns whether it ran.
+fn few_rows(gpu: &Gpu, op: &Op, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -> Result<bool> {
+    let Op::Matmul {
+        bias,
+        activation,
+        residual,
+    } = *op
+    else {
+        return Ok(false);
+    };
+    let r = out.layout.rank();
+    let (m, n) = (out.layout.shape[r - 2], out.layout.shape[r - 1]);
+    let k = inputs[0].layout.shape[r - 1];
+    let batches: usize = out.layout.shape[..r - 2].iter().product();
+    let residual_input = residual.then(|| &inputs[inputs.len() - 1]);
+    if batches != 1
+        || m > FEW_ROWS
+        || k == 0
+        || !out.layout.is_contiguous()
+        || residual_input.is_some_and(|t| !t.layout.is_contiguous())
+    {
+        return Ok(false);
+    }
+    let (Some((lda, false)), Some((ldb, true))) = (storage(&inputs[0]), storage(&inputs[1])) else {
+        return Ok(false);
+    };
+    let dtype = out.dtype;
+    let (a, b) = (gpu.ptr(&inputs[0])?, gpu.ptr(&inputs[1])?);
+    let wide = 16 / dtype.size();
+    let vec =
+        if k.is_multiple_of(wide) && blas_aligned(a, lda, dtype) && blas_aligned(b, ldb, dtype) {
+            wide
+        } else {
+            1
+        };
+    let params = FewRowsParams {
+        a,
+        b,
+        bias: if bias { gpu.ptr(&inputs[2])? } else { 0 },
+        residual: residual_input.map_or(Ok(0), |t| gpu.ptr(t))?,
+        out: gpu.ptr(out)?,
+        k: k as u64,
+        lda: lda as u64,
+        ldb: ldb as u64,
+        cols: n as u64,
+    };
+    // Threads: enough for b's row in one pass where it is short, a multiple of 64 (every
+    // warp size); longer rows loop.
+    let threads = if k / vec <= 64 { 64 } else { 128 };
+    let key = format!("matmul_few_rows:{dtype}:{m}:{vec}:{bias}:{activation:?}:{residual}");
+    let source = || Ok(few_rows_source(dtype, m, vec, bias, activation, residual));
+    gpu.run(&key, source, rows_grid(n, threads, 0), &params)?;
+    Ok(true)
 }
 
 /// 16-bit products of at least this many multiply-adds run as one GEMM (no batches) with
@@ -328,6 +432,9 @@ pub(crate) fn launch(
     let k = inputs[0].layout.shape[r - 1];
     let elements = out.layout.numel();
     if elements == 0 {
+        return Ok(());
+    }
+    if few_rows(gpu, op, inputs, out)? {
         return Ok(());
     }
     let out_ptr = gpu.ptr(out)?;

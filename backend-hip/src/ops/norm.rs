@@ -1,7 +1,9 @@
 //! Layer norm and RMS norm, forward and backward (`kernels/norm.hip`): a block per row for
 //! the statistics, `y` and `dx`; the weight and bias gradients as partial sums over fixed
 //! chunks of rows (a thread per column, rows in order), then the chunks added in order, so
-//! they are deterministic and use the whole device however many rows there are.
+//! they are deterministic and use the whole device however many rows there are. Forward
+//! rows of up to [`MAX_REGS`] elements per thread live in registers (`norm_forward_regs`):
+//! one trip to memory per row, which is what a decoding step's one-row norms wait on.
 
 use tessera_core::{DType, Op, Result, TensorRef};
 
@@ -47,11 +49,19 @@ pub(crate) fn supports(_op: &Op, _dtypes: &[DType]) -> bool {
     true
 }
 
+/// Elements per thread up to which a forward row is held in registers.
+const MAX_REGS: usize = 8;
+
 /// Kernel `entry` for data of `dtype`, layer norm or RMS norm.
 fn norm_source(entry: &'static str, dtype: DType, layer: bool) -> Source {
     Source::new::<NormParams>(SRC, entry)
         .define("T", cxx_type(dtype))
         .define("LAYER", if layer { "1" } else { "0" })
+}
+
+/// `norm_forward_regs` with `regs` elements per thread.
+fn regs_source(dtype: DType, layer: bool, regs: usize) -> Source {
+    norm_source("norm_forward_regs", dtype, layer).define("REGS", regs.to_string())
 }
 
 /// The kernels `launch` compiles for `op` on inputs of `dtypes`.
@@ -62,9 +72,12 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
         Op::LayerNorm | Op::RmsNorm => &["norm_forward"],
         _ => &["norm_dx", "norm_dw_partial", "norm_dw_finish"],
     };
+    let regs = matches!(op, Op::LayerNorm | Op::RmsNorm)
+        .then(|| [1, MAX_REGS].map(|r| regs_source(dtypes[0], layer, r)));
     entries
         .iter()
         .map(|e| norm_source(e, dtypes[0], layer))
+        .chain(regs.into_iter().flatten())
         .collect()
 }
 
@@ -97,7 +110,8 @@ pub(crate) fn launch(
         let key = format!("{entry}:{}:{dtype}", op.name());
         gpu.run(&key, || Ok(norm_source(entry, dtype, layer)), grid, params)
     };
-    let row_grid = rows_grid(rows, row_threads(n), 0);
+    let threads = row_threads(n);
+    let row_grid = rows_grid(rows, threads, 0);
     match op {
         Op::LayerNorm | Op::RmsNorm => {
             if rows == 0 {
@@ -111,7 +125,13 @@ pub(crate) fn launch(
             } else {
                 params.rstd = gpu.ptr(&outputs[1])?;
             }
-            run("norm_forward", row_grid, &params)
+            let regs = n.div_ceil(threads as usize);
+            if regs > MAX_REGS {
+                return run("norm_forward", row_grid, &params);
+            }
+            let key = format!("norm_forward_regs:{}:{dtype}:{regs}", op.name());
+            let source = || Ok(regs_source(dtype, layer, regs));
+            gpu.run(&key, source, row_grid, &params)
         }
         Op::LayerNormBackward | Op::RmsNormBackward => {
             let (rstd, dy) = if layer { (3, 4) } else { (2, 3) };

@@ -104,6 +104,25 @@ pub(super) fn samples() -> Vec<Sample> {
             View::Permuted(vec![1, 0]),
         ),
         plain(&[9, 70], &[70, 9], c(), View::Permuted(vec![1, 0])),
+        // ... and with K a multiple of 16 bytes' worth (backends may load such rows wide),
+        // one row alone and a few with every epilogue.
+        plain(&[1, 768], &[768, 96], c(), View::Permuted(vec![1, 0])),
+        fused(
+            &[3, 512],
+            &[512, 70],
+            View::Permuted(vec![1, 0]),
+            true,
+            Some(UnaryOp::Gelu),
+            true,
+        ),
+        fused(
+            &[8, 256],
+            &[256, 33],
+            View::Permuted(vec![1, 0]),
+            true,
+            None,
+            true,
+        ),
         plain(
             &[2, 3, 131],
             &[2, 131, 17],

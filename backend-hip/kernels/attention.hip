@@ -154,26 +154,28 @@ UNROLL
 // own online softmax; the warps' maxima, sums and partial outputs merge at the end. Keys past
 // the query's position are never read. I: the positions' type; THREADS: the block's threads.
 #define WARPS (THREADS / WARP_SIZE)
-#define KEYS 4
 #define QL ((KA + WARP_SIZE - 1) / WARP_SIZE)
 #define VL ((VA + WARP_SIZE - 1) / WARP_SIZE)
 KERNEL __launch_bounds__(THREADS) void cached(const Params p) {
     __shared__ float part_m[WARPS];
     __shared__ float part_l[WARPS];
+    __shared__ float part_f[WARPS];
     __shared__ float part_acc[WARPS * VA];
     const u32 w = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const u32 tq = p.q_len;
     const u32 group = p.heads / p.kv_heads;
-    const u64 rows = (u64)p.batch * p.heads * tq;
-    for (u64 row = block_index(); row < rows; row += block_count()) {
-        const u64 bh = row / tq;
-        const u32 i = (u32)(row % tq);
-        const u64 b = bh / p.heads, g = (bh % p.heads) / group;
+    // Rows (batch x heads x queries) count in u32: decoding never has 2^32 of them, and 64-bit
+    // divisions would be most of a short row's instructions.
+    const u32 rows = p.batch * p.heads * tq;
+    for (u32 row = (u32)block_index(); row < rows; row += (u32)block_count()) {
+        const u32 bh = row / tq;
+        const u32 i = row % tq;
+        const u32 b = bh / p.heads, g = (bh % p.heads) / group;
         const i64 pos = (i64)((const I*)p.positions)[i];
         const u32 n = pos < 0 ? 0u : (pos < (i64)p.k_len ? (u32)pos + 1 : p.k_len);
         const T* kh = k_head(p, b, g);
         const T* vh = v_head(p, b, g);
-        const T* qr = (const T*)p.q + row * KD;
+        const T* qr = (const T*)p.q + (u64)row * KD;
         float q[QL];
         float acc[VL];
 UNROLL
@@ -199,10 +201,11 @@ UNROLL
                 }
                 s[u] = x;
             }
+UNROLL
+            for (int u = 0; u < KEYS; ++u) s[u] = p.scale * warp_sum(s[u]);
             float top = m;
 UNROLL
             for (int u = 0; u < KEYS; ++u) {
-                s[u] = p.scale * warp_sum(s[u]);
                 if (j0 + u < n && s[u] > top) top = s[u];
             }
             if (top > m) {
@@ -235,15 +238,21 @@ UNROLL
             if (d < (u32)VD) part_acc[w * VA + d] = acc[c];
         }
         __syncthreads();
-        float top = -inf_f();
-        for (u32 k = 0; k < WARPS; ++k) top = fmaxf(top, part_m[k]);
-        T* out = (T*)p.out + row * VD;
+        // Each warp's share of the result, exp(m_w - top), computed once; -inf marks a warp
+        // that saw no key.
+        if (threadIdx.x < WARPS) {
+            float top = -inf_f();
+            for (u32 k = 0; k < WARPS; ++k) top = fmaxf(top, part_m[k]);
+            const float mk = part_m[threadIdx.x];
+            part_f[threadIdx.x] = mk == -inf_f() ? 0.0f : expf(mk - top);
+        }
+        __syncthreads();
+        T* out = (T*)p.out + (u64)row * VD;
         for (u32 d = threadIdx.x; d < VD; d += blockDim.x) {
             float sum = 0.0f, value = 0.0f;
             for (u32 k = 0; k < WARPS; ++k) {
-                const float f = part_m[k] == -inf_f() ? 0.0f : expf(part_m[k] - top);
-                sum += part_l[k] * f;
-                value += part_acc[k * VA + d] * f;
+                sum += part_l[k] * part_f[k];
+                value += part_acc[k * VA + d] * part_f[k];
             }
             st(out, d, n == 0 ? 0.0f : value / sum);
         }

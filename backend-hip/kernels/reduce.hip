@@ -208,48 +208,89 @@ KERNEL void argmax_thread(const Params p) {
     }
 }
 
-// Argmax with a block per output (blockDim.x a power of two, at most 1024): each thread scans
-// every blockDim.x-th element, ARGMAX_LOADS loads in flight at a time (a decoding step's one
-// row of logits waits on their latency; `better` breaks ties by index, so the order of
-// comparisons does not matter), then a tree keeps the better of each pair.
+// The best (value, index) pair of a block's threads, a tree keeping the better of each pair
+// (blockDim.x a power of two, at most 1024); thread 0 gets it.
+DEV void block_argmax(float& bv, IDX& bi, float* sv, IDX* si) {
+    const u32 t = threadIdx.x;
+    sv[t] = bv;
+    si[t] = bi;
+    __syncthreads();
+    for (u32 s = blockDim.x / 2; s > 0; s /= 2) {
+        if (t < s && better(sv[t], si[t], sv[t + s], si[t + s])) {
+            sv[t] = sv[t + s];
+            si[t] = si[t + s];
+        }
+        __syncthreads();
+    }
+    bv = sv[0];
+    bi = si[0];
+    __syncthreads();
+}
+
+// Argmax with a block per output and chunk of `chunk` elements (`chunks` per output; one
+// chunk is the whole row): each thread scans every blockDim.x-th element of its chunk,
+// ARGMAX_LOADS loads in flight at a time (`better` breaks ties by index, so the order of
+// comparisons does not matter), then a tree. With PARTIAL, chunk c of output o leaves its
+// value and index at [o * chunks + c] of ptrs[2] (f32) and ptrs[1] (IDX) for argmax_finish.
 #define ARGMAX_LOADS 16
 KERNEL __launch_bounds__(1024) void argmax_block(const Params p) {
     __shared__ float sv[1024];
     __shared__ IDX si[1024];
-    const u32 t = threadIdx.x;
     const IDX n = (IDX)p.row_len, stride = (IDX)blockDim.x;
-    for (u64 o = block_index(); o < p.rows; o += block_count()) {
+    for (u64 b = block_index(); b < p.rows * p.chunks; b += block_count()) {
+        const u64 o = b / p.chunks;
+        const IDX first = (IDX)((b % p.chunks) * p.chunk);
+        const IDX end = first + (IDX)p.chunk < n ? first + (IDX)p.chunk : n;
         const IDX base = kept_offset(p, o);
-        float bv = ld(X, base);
-        IDX bi = 0;
-        for (IDX r0 = t; r0 < n; r0 += ARGMAX_LOADS * stride) {
+        float bv = ld(X, base + reduced_offset(p, first));
+        IDX bi = first;
+        for (IDX r0 = first + threadIdx.x; r0 < end; r0 += ARGMAX_LOADS * stride) {
             float v[ARGMAX_LOADS];
 #pragma unroll
             for (int k = 0; k < ARGMAX_LOADS; ++k) {
                 const IDX r = r0 + (IDX)k * stride;
-                v[k] = r < n ? ld(X, base + reduced_offset(p, r)) : 0.0f;
+                v[k] = r < end ? ld(X, base + reduced_offset(p, r)) : 0.0f;
             }
 #pragma unroll
             for (int k = 0; k < ARGMAX_LOADS; ++k) {
                 const IDX r = r0 + (IDX)k * stride;
-                if (r < n && better(bv, bi, v[k], r)) {
+                if (r < end && better(bv, bi, v[k], r)) {
                     bv = v[k];
                     bi = r;
                 }
             }
         }
-        sv[t] = bv;
-        si[t] = bi;
-        __syncthreads();
-        for (u32 s = blockDim.x / 2; s > 0; s /= 2) {
-            if (t < s && better(sv[t], si[t], sv[t + s], si[t + s])) {
-                sv[t] = sv[t + s];
-                si[t] = si[t + s];
-            }
-            __syncthreads();
+        block_argmax(bv, bi, sv, si);
+        if (threadIdx.x == 0) {
+#if PARTIAL
+            ((float*)p.ptrs[2])[b] = bv;
+            ((IDX*)p.ptrs[1])[b] = bi;
+#else
+            IDS[o] = (i32)bi;
+#endif
         }
-        if (t == 0) IDS[o] = (i32)si[0];
-        __syncthreads();
+    }
+}
+
+// The chunks' pairs of each output (ptrs[0] values, ptrs[1] indices, `chunks` per output),
+// combined by a block per output into the argmax: the same pair one pass would pick.
+KERNEL __launch_bounds__(1024) void argmax_finish(const Params p) {
+    __shared__ float sv[1024];
+    __shared__ IDX si[1024];
+    const float* values = (const float*)p.ptrs[0];
+    const IDX* indices = (const IDX*)p.ptrs[1];
+    for (u64 o = block_index(); o < p.rows; o += block_count()) {
+        const u64 at = o * p.chunks;
+        float bv = values[at];
+        IDX bi = indices[at];
+        for (u64 c = threadIdx.x; c < p.chunks; c += blockDim.x) {
+            if (better(bv, bi, values[at + c], indices[at + c])) {
+                bv = values[at + c];
+                bi = indices[at + c];
+            }
+        }
+        block_argmax(bv, bi, sv, si);
+        if (threadIdx.x == 0) IDS[o] = (i32)bi;
     }
 }
 

@@ -25,10 +25,10 @@
 //! Recording (core's `Device::begin_recording`) is stream capture into a CUDA graph: the
 //! recording thread queues on a capture stream of its own, allocates from a pool that the
 //! graph keeps (reused inside it in queue order), and the graph holds every other buffer its
-//! kernels touch (`gpu.rs`). Greedy decoding replays its step this way (2.3k tokens/s in
+//! kernels touch (`gpu.rs`). Greedy decoding replays its step this way (2.5k tokens/s in
 //! bf16; products of up to eight rows with a linear layer's weight skip cuBLASLt for our
-//! `few_rows` kernel, and the cached attention, at about 13 us per layer, is now the kernel
-//! to work on); the training step is not recorded yet (its optimizer scalars are launch values,
+//! `few_rows` kernel; the cached attention, at about 10 us per layer with a block per head,
+//! is the kernel to work on next); the training step is not recorded yet (its optimizer scalars are launch values,
 //! not device buffers), and AMD steps run eagerly (HIP graphs are not wired).
 //! On AMD every kernel compiles with hiprtc for `gfx90a` (wave64) and `gfx1030` (wave32) in
 //! the tests, without a GPU; the runtime (`driver/amd.rs`) is written against the HIP

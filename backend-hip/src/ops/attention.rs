@@ -114,6 +114,10 @@ fn cached_threads(vd: usize) -> u32 {
     }
 }
 
+/// Keys each warp of the cached-attention kernel takes per step, their loads in flight
+/// together.
+const CACHED_KEYS: usize = 4;
+
 /// The cached-attention kernel for data of `dtype`, positions of `positions` and head dims
 /// `kd`, `vd`.
 fn cached_source(dtype: DType, positions: DType, kd: usize, vd: usize) -> Source {
@@ -124,6 +128,7 @@ fn cached_source(dtype: DType, positions: DType, kd: usize, vd: usize) -> Source
         .define("KD", kd.to_string())
         .define("VD", vd.to_string())
         .define("THREADS", cached_threads(vd).to_string())
+        .define("KEYS", CACHED_KEYS.to_string())
         // The file's shared helpers name the row kernels' sizes.
         .define("ROWS", ROWS.to_string())
         .define("TILE", "1")
@@ -297,7 +302,7 @@ fn attention(
         ));
     }
     let fits = |x: usize| x < u32::MAX as usize;
-    if ![b, hq, hkv, tq, tk].into_iter().all(fits) || !fits(b * hq) {
+    if ![b, hq, hkv, tq, tk].into_iter().all(fits) || !fits(b * hq) || !fits(b * hq * tq) {
         return Err(Error::unsupported(
             gpu.backend(),
             format!("{} past 2^32 rows or heads", op.name()),

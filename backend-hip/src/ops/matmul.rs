@@ -198,9 +198,10 @@ fn few_rows(gpu: &Gpu, op: &Op, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -
         ldb: ldb as u64,
         cols: n as u64,
     };
-    // Threads: enough for b's row in one pass where it is short, a multiple of 64 (every
-    // warp size); longer rows loop.
-    let threads = if k / vec <= 64 { 64 } else { 128 };
+    // Threads: a multiple of 64 (every warp size); 64 for rows of up to two chunks each,
+    // so that small blocks fill the GPU in one wave (GPT-2's 3,072-column product of 768-long
+    // rows), 128 for longer rows.
+    let threads = if k / vec <= 128 { 64 } else { 128 };
     let key = format!("matmul_few_rows:{dtype}:{m}:{vec}:{bias}:{activation:?}:{residual}");
     let source = || Ok(few_rows_source(dtype, m, vec, bias, activation, residual));
     gpu.run(&key, source, rows_grid(n, threads, 0), &params)?;

@@ -94,6 +94,18 @@ pub(super) fn argmax() -> Vec<Sample> {
         case(&[0, 5], 1, true, View::Contiguous, u()),
         case(&[9, 29], 1, false, View::Contiguous, special()),
         case(&[9, 29], 0, false, View::Contiguous, special()),
+        // A few long rows (greedy decoding's logits; backends may split them into chunks):
+        // GPT-2's vocabulary, ties across the whole row through a strided view, and
+        // special values.
+        case(&[2, 50_257], 1, true, View::Contiguous, u()),
+        case(
+            &[3, 20_000],
+            1,
+            false,
+            View::Padded(3),
+            Gen::Ints { lo: 0, hi: 3 },
+        ),
+        case(&[2, 9_000], 1, false, View::Contiguous, special()),
     ]
 }
 

@@ -16,6 +16,7 @@
 #if defined(ROTARY)
 // A thread per pair (d, d + D/2) of a row, so the op may run in place.
 KERNEL void rotary(const Params p) {
+    start_after_previous();
     const T* x = (const T*)p.x;
     const T* cs = (const T*)p.cos;
     const T* sn = (const T*)p.sin;
@@ -82,6 +83,7 @@ UNROLL
 // Online softmax: the running maximum `m`, the sum `l` of exp(s - m) and the weighted sum of
 // values, rescaled when the maximum grows. Scores are `scale * (q . k)`, as the CPU forms them.
 KERNEL void forward(const Params p) {
+    start_after_previous();
     __shared__ float ks[TILE * KA];
     __shared__ float vs[TILE * VA];
     const u32 tq = p.q_len;
@@ -157,6 +159,7 @@ UNROLL
 #define QL ((KA + WARP_SIZE - 1) / WARP_SIZE)
 #define VL ((VA + WARP_SIZE - 1) / WARP_SIZE)
 KERNEL __launch_bounds__(THREADS) void cached(const Params p) {
+    start_after_previous();
     __shared__ float part_m[WARPS];
     __shared__ float part_l[WARPS];
     __shared__ float part_f[WARPS];
@@ -186,20 +189,29 @@ UNROLL
 UNROLL
         for (int c = 0; c < VL; ++c) acc[c] = 0.0f;
         float m = -inf_f(), l = 0.0f;
-        // KEYS keys per step of a warp: their loads and sums are independent, so they
-        // overlap, and the online softmax rescales once per step.
+        // KEYS keys per step of a warp, their values loaded with them: every load of a step
+        // is independent of the others, so one memory latency covers the step, and the
+        // online softmax rescales once per step.
         for (u32 j0 = w * KEYS; j0 < n; j0 += WARPS * KEYS) {
             float s[KEYS];
+            float vals[KEYS][VL];
 UNROLL
             for (int u = 0; u < KEYS; ++u) {
+                const bool key = j0 + u < n;
                 const T* kr = kh + (u64)(j0 + u) * KD;
+                const T* vr = vh + (u64)(j0 + u) * VD;
                 float x = 0.0f;
 UNROLL
                 for (int c = 0; c < QL; ++c) {
                     const u32 d = lane + c * WARP_SIZE;
-                    if (j0 + u < n && d < (u32)KD) x += q[c] * ld(kr, d);
+                    if (key && d < (u32)KD) x += q[c] * ld(kr, d);
                 }
                 s[u] = x;
+UNROLL
+                for (int c = 0; c < VL; ++c) {
+                    const u32 d = lane + c * WARP_SIZE;
+                    vals[u][c] = key && d < (u32)VD ? ld(vr, d) : 0.0f;
+                }
             }
 UNROLL
             for (int u = 0; u < KEYS; ++u) s[u] = p.scale * warp_sum(s[u]);
@@ -218,14 +230,10 @@ UNROLL
 UNROLL
             for (int u = 0; u < KEYS; ++u) {
                 if (j0 + u >= n) continue;
-                const T* vr = vh + (u64)(j0 + u) * VD;
                 const float e = expf(s[u] - m);
                 l += e;
 UNROLL
-                for (int c = 0; c < VL; ++c) {
-                    const u32 d = lane + c * WARP_SIZE;
-                    if (d < (u32)VD) acc[c] += e * ld(vr, d);
-                }
+                for (int c = 0; c < VL; ++c) acc[c] += e * vals[u][c];
             }
         }
         if (lane == 0) {
@@ -450,6 +458,7 @@ DEV void store_rows(T* out, float (*acc)[4], float mul, u32 r0, u32 count, u32 g
 // scores, the running maximum and sum per row (a row's 64 scores sit in the 4 lanes of a
 // quad), then O += P V.
 KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
+    start_after_previous();
     extern __shared__ uint4 smem_words[];
     // The query tile, then two stages of key and value tiles.
     u16* qs = (u16*)smem_words;
@@ -564,6 +573,7 @@ KERNEL void __launch_bounds__(128, 4) forward_mma(const Params p) {
 // rounding would leak into every dS) and leaves it for `dkv_mma`; a second forms
 // dS = P (dP - delta) and dQ += dS K. P = exp(scale q.k - lse), dP = dout . v.
 KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
+    start_after_previous();
     extern __shared__ uint4 smem_words[];
     // The query and output-gradient tiles, then two stages of key and value tiles.
     u16* qs = (u16*)smem_words;
@@ -654,6 +664,7 @@ KERNEL void __launch_bounds__(128, 3) dq_mma(const Params p) {
 // S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q (scaled once at the
 // end), with delta from `dq_mma`.
 KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
+    start_after_previous();
     // The key and value tiles, then two stages of a query tile, an output-gradient tile and
     // the lse and delta of their rows.
     extern __shared__ uint4 smem_words[];
@@ -743,6 +754,7 @@ KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
 // dq_i = sum_j scale * P_ij (dP_ij - delta_i) k_j with P_ij = exp(s_ij - lse_i) and
 // dP_ij = dout_i . v_j, over the keys in order.
 KERNEL void dq(const Params p) {
+    start_after_previous();
     __shared__ float ks[TILE * KA];
     __shared__ float vs[TILE * VA];
     const u32 tq = p.q_len;
@@ -823,6 +835,7 @@ UNROLL
 // pass through shared memory in order, so each gradient sums its terms in the CPU's order:
 // dk_j = sum_i scale * P_ij (dP_ij - delta_i) q_i (DK), dv_j = sum_i P_ij dout_i (DV).
 KERNEL void dkv(const Params p) {
+    start_after_previous();
     __shared__ float qs[TILE * KA];
     __shared__ float gs[TILE * VA];
 #if defined(DK)

@@ -17,6 +17,7 @@ DEV i64 source(i64 o, i64 k, i64 stride, i64 pad, i64 dil, i64 size) {
 #if defined(FORWARD)
 // y[n, o, oy, ox] = sum over (c, ki, kj) of w[o, c, ki, kj] x[n, c, iy, ix], plus bias[o].
 KERNEL void conv2d(const Params p) {
+    start_after_previous();
     const T* x = (const T*)p.x;
     const T* w = (const T*)p.w;
     T* y = (T*)p.y;
@@ -53,6 +54,7 @@ KERNEL void conv2d(const Params p) {
 // dx[n, c, iy, ix] = sum over the taps (ki, kj) that read it, in order, of
 // sum over o of w[o, c, ki, kj] dy[n, o, oy, ox].
 KERNEL void conv2d_dx(const Params p) {
+    start_after_previous();
     const T* dy = (const T*)p.y;
     const T* w = (const T*)p.w;
     T* dx = (T*)p.x;
@@ -94,6 +96,7 @@ KERNEL void conv2d_dx(const Params p) {
 // A block per dw[o, c, ki, kj]: its threads sum strided parts of the N * OH * OW products
 // dy[n, o, oy, ox] x[n, c, iy, ix], then a tree sum joins them.
 KERNEL void conv2d_dw(const Params p) {
+    start_after_previous();
     __shared__ float scratch[1024 / 32];
     const T* x = (const T*)p.x;
     const T* dy = (const T*)p.y;

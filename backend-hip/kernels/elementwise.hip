@@ -33,6 +33,7 @@
     if (INPUTS <= k) ((G##k*)p.ptrs[k])[g] = r##k;
 
 KERNEL void map(const Params p) {
+    start_after_previous();
     const u64 groups = p.elements / VEC;
     const u64 step = block_count() * blockDim.x;
     for (u64 g = block_index() * blockDim.x + threadIdx.x; g < groups; g += step) {
@@ -72,6 +73,7 @@ KERNEL void map(const Params p) {
 }
 #else
 KERNEL void map(const Params p) {
+    start_after_previous();
     T0* __restrict__ const P0 = (T0*)p.ptrs[0];
 #if defined(T1)
     T1* __restrict__ const P1 = (T1*)p.ptrs[1];

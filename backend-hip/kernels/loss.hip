@@ -6,6 +6,7 @@
 // A block per row (looping past the grid): the row maximum, then the log-sum-exp with the
 // maximum subtracted; loss = lse - logits[target], 0 for targets outside 0..vocab.
 KERNEL void cross_entropy(const Params p) {
+    start_after_previous();
     __shared__ float scratch[MAX_WARPS];
     const T* logits = (const T*)p.logits;
     const I* targets = (const I*)p.targets;
@@ -51,6 +52,7 @@ KERNEL void cross_entropy(const Params p) {
 // thread's eight elements are 256 apart, all loaded before any is stored:
 // (exp(logit - lse) - onehot(target)) * dloss, 0 in ignored rows.
 KERNEL void cross_entropy_backward(const Params p) {
+    start_after_previous();
     const u64 v = p.vocab;
     const u64 chunk = 8 * (u64)blockDim.x;
     const u64 chunks = (v + chunk - 1) / chunk;

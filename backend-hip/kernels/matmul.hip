@@ -16,6 +16,7 @@
 // and stores are contiguous, and all its loads are issued before its stores.
 #define REPACK_UNROLL 8
 KERNEL void repack(const Params p) {
+    start_after_previous();
     const u64 chunk = (u64)REPACK_UNROLL * blockDim.x;
     const u64 chunks = (p.dst_inner + chunk - 1) / chunk;
     for (u64 l = blockIdx.y; l < p.dst_lines; l += gridDim.y) {
@@ -56,6 +57,9 @@ DEV void load_chunk(const T* p, float* f) { f[0] = to_f32(p[0]); }
 #endif
 
 KERNEL void few_rows(const Params p) {
+    // The block's first column of b, pulled into L2 while the kernel ahead finishes.
+    start_after_previous_prefetching((const T*)p.b + block_index() * p.ldb,
+                                     block_index() < p.cols ? p.k * sizeof(T) : 0);
     __shared__ float partial[ROWS][1024 / WARP_SIZE];
     const u32 warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const u32 warps = blockDim.x / WARP_SIZE;
@@ -110,6 +114,7 @@ KERNEL void few_rows(const Params p) {
 #else
 
 KERNEL void epilogue(const Params p) {
+    start_after_previous();
     const IDX n = (IDX)p.elements;
     const IDX cols = (IDX)p.cols;
     const IDX step = (IDX)(block_count() * blockDim.x);

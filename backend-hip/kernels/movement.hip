@@ -31,6 +31,7 @@ DEV void store_acc(u32* q, u64 i, u32 v) { q[i] = v; }
 // One input's `elements` words, in rows of `row` words, into its slice of the output: rows
 // of `out_row` words, starting at word `dst_offset`.
 KERNEL void concat(const Params p) {
+    start_after_previous();
     const W* src = (const W*)p.src;
     W* dst = (W*)p.dst;
     const IDX row = (IDX)p.row;
@@ -45,6 +46,7 @@ KERNEL void concat(const Params p) {
 // Row `ids[i]` of the table (`rows` rows of `row` words) for each position; zeros for ids
 // outside the table.
 KERNEL void embedding(const Params p) {
+    start_after_previous();
     const W* table = (const W*)p.src;
     const I* ids = (const I*)p.index;
     W* dst = (W*)p.dst;
@@ -62,6 +64,7 @@ KERNEL void embedding(const Params p) {
 // row `index[t]` of each slice of `rows` rows; indices outside the slice are skipped. The
 // rows not indexed are left alone, so the copy may run in place.
 KERNEL void index_copy(const Params p) {
+    start_after_previous();
     const W* src = (const W*)p.src;
     const I* index = (const I*)p.index;
     W* dst = (W*)p.dst;
@@ -77,6 +80,7 @@ KERNEL void index_copy(const Params p) {
 // out[e] = x[..., index[e], ...] along `axis`: the index's coordinates of e, through x's
 // strides; zero for indices outside 0..rows.
 KERNEL void gather(const Params p) {
+    start_after_previous();
     const W* x = (const W*)p.src;
     const I* index = (const I*)p.index;
     W* dst = (W*)p.dst;
@@ -103,6 +107,7 @@ KERNEL void gather(const Params p) {
 // Each output element sums, in source order, the sources along `axis` whose index names its
 // coordinate there; zero where the index's shape does not reach it.
 KERNEL void scatter_add(const Params p) {
+    start_after_previous();
     const I* index = (const I*)p.index;
     const T* src = (const T*)p.src;
     T* dst = (T*)p.dst;
@@ -142,6 +147,7 @@ KERNEL void scatter_add(const Params p) {
 // Embedding backward, step 1: how many positions name each id (`counts`, zeroed first;
 // integer atomics, so the counts do not depend on the order).
 KERNEL void embedding_count(const Params p) {
+    start_after_previous();
     const I* ids = (const I*)p.index;
     u32* counts = (u32*)p.aux0;
     FOR_EACH(i, p.positions) {
@@ -157,6 +163,7 @@ KERNEL void embedding_count(const Params p) {
 // tile of positions at a time: a position's slot is its id's cursor plus the number of
 // earlier positions of its id in the tile. Afterwards `cursor[v]` is where id v's end.
 KERNEL void embedding_order(const Params p) {
+    start_after_previous();
     __shared__ u32 scan[ORDER_THREADS];
     __shared__ i64 tile[ORDER_THREADS];
     const I* ids = (const I*)p.index;
@@ -213,6 +220,7 @@ KERNEL void embedding_order(const Params p) {
 // Step 3: dweight[v][c] sums dy[i][c] over id v's positions i in increasing order (zero for
 // ids no position names). `row` is D.
 KERNEL void embedding_sum(const Params p) {
+    start_after_previous();
     const T* dy = (const T*)p.src;
     T* dst = (T*)p.dst;
     const u32* counts = (const u32*)p.aux0;

@@ -8,6 +8,7 @@
 #define MAX_WARPS 32
 
 KERNEL void norm_forward(const Params p) {
+    start_after_previous();
     __shared__ float scratch[MAX_WARPS];
     const T* x = (const T*)p.x;
     const T* w = (const T*)p.w;
@@ -52,6 +53,8 @@ KERNEL void norm_forward(const Params p) {
 // strides, so the sums and results are the same bits) and works from there, one trip to
 // memory per row instead of three.
 KERNEL void norm_forward_regs(const Params p) {
+    // The weight, pulled into L2 while the kernel ahead finishes.
+    start_after_previous_prefetching((const T*)p.w, p.w ? p.n * sizeof(T) : 0);
     __shared__ float scratch[MAX_WARPS];
     T* y = (T*)p.y;
     const u64 n = p.n;
@@ -110,6 +113,7 @@ KERNEL void norm_forward_regs(const Params p) {
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight; RMS norm has no
 // mean(g) term and xhat = x * rstd.
 KERNEL void norm_dx(const Params p) {
+    start_after_previous();
     __shared__ float scratch[MAX_WARPS];
     const T* x = (const T*)p.x;
     const T* w = (const T*)p.w;
@@ -151,6 +155,7 @@ KERNEL void norm_dx(const Params p) {
 // of a tile of blockDim.x columns, in row order, into `partial` ([2][chunks][n] f32: dweight
 // then dbias), or straight into dw and db when there is one chunk.
 KERNEL void norm_dw_partial(const Params p) {
+    start_after_previous();
     const T* x = (const T*)p.x;
     const T* dy = (const T*)p.dy;
     const float* rstd = (const float*)p.rstd;
@@ -191,6 +196,7 @@ KERNEL void norm_dw_partial(const Params p) {
 
 // The chunks' partial sums added in chunk order, a thread per column.
 KERNEL void norm_dw_finish(const Params p) {
+    start_after_previous();
     const float* partial = (const float*)p.partial;
     const u64 n = p.n;
     for (u64 c = block_index() * blockDim.x + threadIdx.x; c < n; c += block_count() * blockDim.x) {

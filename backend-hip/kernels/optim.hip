@@ -10,6 +10,7 @@
 
 #if defined(ADAM)
 KERNEL void adam(const Params p) {
+    start_after_previous();
     const T* param = (const T*)p.param;
     const T* grad = (const T*)p.grad;
     const T* m_in = (const T*)p.m;
@@ -39,6 +40,7 @@ KERNEL void adam(const Params p) {
 
 #if defined(SGD)
 KERNEL void sgd(const Params p) {
+    start_after_previous();
     const T* param = (const T*)p.param;
     const T* grad = (const T*)p.grad;
     T* param_out = (T*)p.param_out;
@@ -65,6 +67,7 @@ KERNEL void sgd(const Params p) {
 // Block c sums the squares of chunk c of the launch's tensors, counted over all of them in
 // order (tensor t's chunks from `chunk0[t]`), into partial `first + c`.
 KERNEL void squares(const Params p) {
+    start_after_previous();
     __shared__ float scratch[1024 / 32];
     for (u64 c = block_index(); c < p.chunks; c += block_count()) {
         u32 t = 0;
@@ -86,6 +89,7 @@ KERNEL void squares(const Params p) {
 
 #if defined(SUM_PARTIALS)
 KERNEL void sum_partials(const Params p) {
+    start_after_previous();
     __shared__ float scratch[1024 / 32];
     const float* partials = (const float*)p.partials;
     float s = 0.0f;

@@ -173,3 +173,32 @@ DEV float powf_r(float x, float y) {
 // per-dimension limit spread over y.
 DEV u64 block_index() { return (u64)blockIdx.x + (u64)blockIdx.y * gridDim.x; }
 DEV u64 block_count() { return (u64)gridDim.x * gridDim.y; }
+
+// Every kernel's first statement. A kernel may be launched before the one queued ahead of it
+// has finished (NVIDIA's programmatic dependent launch, Hopper on): its blocks become resident
+// and wait here until that kernel has finished and its writes are visible, so nothing the
+// kernel reads or writes races with earlier work. Then it lets the kernel queued after it do
+// the same. Where the launch did not ask for an early start, and on AMD, the wait returns at
+// once. Because each kernel releases the next only after its own wait, at most one kernel
+// waits ahead of a running one, and its blocks only take room the running kernel's finished
+// blocks left.
+DEV void start_after_previous() {
+#if defined(TESSERA_NVIDIA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks for `bytes` from `p` in L2 (NVIDIA), then start_after_previous(). A prefetch is a hint
+// that moves nothing into the kernel, so it is safe before the wait even if the work before
+// writes those bytes: a kernel prefetches what it will read first (a weight) while the one
+// ahead of it still runs.
+DEV void start_after_previous_prefetching(const void* p, u64 bytes) {
+#if defined(TESSERA_NVIDIA)
+    const u64 end = (u64)p + bytes;
+    for (u64 line = ((u64)p & ~127ull) + threadIdx.x * 128ull; line < end; line += blockDim.x * 128ull) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+#endif
+    start_after_previous();
+}

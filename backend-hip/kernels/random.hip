@@ -35,6 +35,7 @@ DEV u64 first_index() { return block_index() * blockDim.x + threadIdx.x; }
 DEV u64 grid_step() { return block_count() * blockDim.x; }
 
 KERNEL void fill(const Params p) {
+    start_after_previous();
     const FILL_T v = (FILL_T)p.value;
     for (u64 i = first_index(); i < p.elements; i += grid_step()) ((FILL_T*)p.out)[i] = v;
 }
@@ -74,6 +75,7 @@ DEV double arange_value(double start, double step, u64 i) {
 }
 
 KERNEL void arange(const Params p) {
+    start_after_previous();
     const double start = __longlong_as_double((long long)p.start);
     const double step = __longlong_as_double((long long)p.step);
     for (u64 i = first_index(); i < p.elements; i += grid_step()) {
@@ -130,6 +132,7 @@ DEV float normal_value(u32 w0, u32 w1, float mean, float sd) {
 }
 
 KERNEL void uniform(const Params p) {
+    start_after_previous();
     for (u64 i = first_index(); i < p.elements; i += grid_step()) {
         u32 w[4];
         element_words(p, i, w);
@@ -138,6 +141,7 @@ KERNEL void uniform(const Params p) {
 }
 
 KERNEL void normal(const Params p) {
+    start_after_previous();
     for (u64 i = first_index(); i < p.elements; i += grid_step()) {
         u32 w[4];
         element_words(p, i, w);

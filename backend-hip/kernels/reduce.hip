@@ -104,6 +104,7 @@ DEV float block_combine(float v, float* scratch) {
 
 // One thread per output, for short reduced extents.
 KERNEL void reduce_thread(const Params p) {
+    start_after_previous();
     const IDX n = (IDX)p.row_len;
     const u64 step = block_count() * blockDim.x;
     for (u64 o = block_index() * blockDim.x + threadIdx.x; o < p.rows; o += step) {
@@ -119,6 +120,7 @@ KERNEL void reduce_thread(const Params p) {
 // where neighbouring outputs lie next to each other in memory and a block per output would
 // read with a stride.
 KERNEL __launch_bounds__(1024) void reduce_cols(const Params p) {
+    start_after_previous();
     __shared__ float part[1024];
     const u32 tx = threadIdx.x % 32, ty = threadIdx.x / 32, lanes = blockDim.x / 32;
     const IDX n = (IDX)p.row_len;
@@ -151,6 +153,7 @@ KERNEL __launch_bounds__(1024) void reduce_cols(const Params p) {
 // a few outputs reduce long extents (a second launch combines them), one chunk otherwise.
 // Output `b = o * chunks + c`.
 KERNEL void reduce_block(const Params p) {
+    start_after_previous();
     __shared__ float scratch[32];
     const u64 total = p.rows * p.chunks;
     const IDX n = (IDX)p.row_len, bd = (IDX)blockDim.x;
@@ -191,6 +194,7 @@ DEV bool better(float v1, IDX i1, float v2, IDX i2) {
 
 // Argmax with one thread per output, for short extents: the CPU's scan.
 KERNEL void argmax_thread(const Params p) {
+    start_after_previous();
     const IDX n = (IDX)p.row_len;
     const u64 step = block_count() * blockDim.x;
     for (u64 o = block_index() * blockDim.x + threadIdx.x; o < p.rows; o += step) {
@@ -234,6 +238,7 @@ DEV void block_argmax(float& bv, IDX& bi, float* sv, IDX* si) {
 // value and index at [o * chunks + c] of ptrs[2] (f32) and ptrs[1] (IDX) for argmax_finish.
 #define ARGMAX_LOADS 16
 KERNEL __launch_bounds__(1024) void argmax_block(const Params p) {
+    start_after_previous();
     __shared__ float sv[1024];
     __shared__ IDX si[1024];
     const IDX n = (IDX)p.row_len, stride = (IDX)blockDim.x;
@@ -275,6 +280,7 @@ KERNEL __launch_bounds__(1024) void argmax_block(const Params p) {
 // The chunks' pairs of each output (ptrs[0] values, ptrs[1] indices, `chunks` per output),
 // combined by a block per output into the argmax: the same pair one pass would pick.
 KERNEL __launch_bounds__(1024) void argmax_finish(const Params p) {
+    start_after_previous();
     __shared__ float sv[1024];
     __shared__ IDX si[1024];
     const float* values = (const float*)p.ptrs[0];
@@ -297,6 +303,7 @@ KERNEL __launch_bounds__(1024) void argmax_finish(const Params p) {
 // Softmax or log-softmax of each row, a block per row: the maximum, the sum of exponentials
 // shifted by it, then the outputs.
 KERNEL __launch_bounds__(1024) void softmax(const Params p) {
+    start_after_previous();
     __shared__ float scratch[32];
     const u64 n = p.row_len;
     for (u64 row = block_index(); row < p.rows; row += block_count()) {
@@ -320,6 +327,7 @@ KERNEL __launch_bounds__(1024) void softmax(const Params p) {
 // Softmax's backward `y (dy - sum(dy y))`, or log-softmax's `dy - exp(y) sum(dy)`, from the
 // forward output `y` (ptrs[0]) and `dy` (ptrs[1]), a block per row.
 KERNEL __launch_bounds__(1024) void softmax_backward(const Params p) {
+    start_after_previous();
     __shared__ float scratch[32];
     const u64 n = p.row_len;
     for (u64 row = block_index(); row < p.rows; row += block_count()) {

@@ -9,7 +9,7 @@
 //! and source, so a second run loads what the first compiled.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
@@ -69,6 +69,10 @@ pub(crate) struct Gpu {
     pub syncs: AtomicU64,
     profile: Mutex<Profile>,
     capture: Mutex<Option<Capture>>,
+    /// Whether kernels may start before the one ahead of them has finished: on unless
+    /// `TESSERA_EARLY_LAUNCH=0`, and off while kernels are timed (an early start would
+    /// blur each kernel's events).
+    start_early: AtomicBool,
 }
 
 /// A recording in progress: the thread whose work is captured, the pool its allocations come
@@ -132,6 +136,7 @@ impl Gpu {
             syncs: AtomicU64::new(0),
             profile: Mutex::new(Profile::default()),
             capture: Mutex::new(None),
+            start_early: AtomicBool::new(early_launch_allowed()),
         }
     }
 
@@ -187,7 +192,8 @@ impl Gpu {
         params: &P,
     ) -> Result<()> {
         let f = self.function(key, source)?;
-        self.driver.launch(f, grid, &params.bytes())
+        let start_early = self.start_early.load(Ordering::Relaxed);
+        self.driver.launch(f, grid, &params.bytes(), start_early)
     }
 
     /// Runs `enqueue`, timing what it queues as kernel `name()` while profiling.
@@ -232,6 +238,8 @@ impl Gpu {
             profile.totals.clear();
         }
         profile.on = on;
+        self.start_early
+            .store(!on && early_launch_allowed(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -335,6 +343,12 @@ impl Gpu {
     pub(crate) fn count_sync(&self) {
         self.syncs.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Whether the environment lets kernels start early (`TESSERA_EARLY_LAUNCH=0` turns it off,
+/// to compare or to rule it out when something looks wrong).
+fn early_launch_allowed() -> bool {
+    std::env::var("TESSERA_EARLY_LAUNCH").map_or(true, |v| v != "0")
 }
 
 /// Blocks of `threads` for `n` items, one item per thread, grid-stride beyond the grid's

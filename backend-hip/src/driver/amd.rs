@@ -431,7 +431,13 @@ impl Driver for AmdDriver {
         Ok(Function(function as usize))
     }
 
-    fn launch(&self, function: Function, grid: Grid, params: &[u8]) -> Result<()> {
+    fn launch(
+        &self,
+        function: Function,
+        grid: Grid,
+        params: &[u8],
+        _start_early: bool,
+    ) -> Result<()> {
         self.bind()?;
         let mut words = param_words(params);
         let mut args = [words.as_mut_ptr() as *mut c_void];

@@ -608,22 +608,53 @@ impl Driver for CudaDriver {
         }
     }
 
-    fn launch(&self, function: Function, grid: Grid, params: &[u8]) -> Result<()> {
+    fn launch(
+        &self,
+        function: Function,
+        grid: Grid,
+        params: &[u8],
+        start_early: bool,
+    ) -> Result<()> {
         self.bind()?;
         let mut words = param_words(params);
         let mut args = [words.as_mut_ptr() as *mut c_void];
+        // Programmatic dependent launch (Hopper on): the kernel may start while the one ahead
+        // of it runs, and waits for it in its first statement.
+        let mut attribute = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let early = start_early && self.compute_capability.0 >= 9;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.blocks[0],
+            gridDimY: grid.blocks[1],
+            gridDimZ: grid.blocks[2],
+            blockDimX: grid.threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: grid.shared_bytes,
+            hStream: self.stream(),
+            attrs: if early {
+                &mut attribute
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: u32::from(early),
+        };
         // SAFETY: `function` came from `load` on this driver; its one parameter is the struct
         // these bytes encode (the planners build both from one declaration); the driver copies
-        // the argument before returning.
-        check("cuLaunchKernel", unsafe {
-            result::launch_kernel(
+        // the argument and reads the configuration before returning.
+        check("cuLaunchKernelEx", unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
                 function.0 as sys::CUfunction,
-                (grid.blocks[0], grid.blocks[1], grid.blocks[2]),
-                (grid.threads, 1, 1),
-                grid.shared_bytes,
-                self.stream(),
-                &mut args,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
+            .result()
         })
     }
 

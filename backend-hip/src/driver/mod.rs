@@ -81,7 +81,16 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn compile(&self, source: &str, name: &str) -> std::result::Result<Vec<u8>, String>;
     /// Loads a compiled image and returns its function `entry`.
     fn load(&self, image: &[u8], entry: &str) -> Result<Function>;
-    fn launch(&self, function: Function, grid: Grid, params: &[u8]) -> Result<()>;
+    /// Queues a kernel. With `start_early` its blocks may start before the kernel queued
+    /// ahead of it has finished, where the device can (every kernel first waits for that one:
+    /// `start_after_previous` in the prelude); elsewhere the flag changes nothing.
+    fn launch(
+        &self,
+        function: Function,
+        grid: Grid,
+        params: &[u8],
+        start_early: bool,
+    ) -> Result<()>;
     /// Allocates `bytes`, ordered on the stream; `Ok(None)` when the device is out of memory.
     fn alloc(&self, bytes: usize) -> Result<Option<DevicePtr>>;
     /// Frees `ptr` once the work queued before has run.

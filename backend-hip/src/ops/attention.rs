@@ -114,9 +114,16 @@ fn cached_threads(vd: usize) -> u32 {
     }
 }
 
-/// Keys each warp of the cached-attention kernel takes per step, their loads in flight
-/// together.
-const CACHED_KEYS: usize = 4;
+/// Keys each warp of the cached-attention kernel takes per step, their keys' and values'
+/// loads in flight together: 8 (the 32 warps of a block then cover 256 positions in one
+/// step), fewer for wide heads, whose values would not fit in registers.
+fn cached_keys(vd: usize) -> usize {
+    match vd {
+        0..=128 => 8,
+        129..=256 => 4,
+        _ => 2,
+    }
+}
 
 /// The cached-attention kernel for data of `dtype`, positions of `positions` and head dims
 /// `kd`, `vd`.
@@ -128,7 +135,7 @@ fn cached_source(dtype: DType, positions: DType, kd: usize, vd: usize) -> Source
         .define("KD", kd.to_string())
         .define("VD", vd.to_string())
         .define("THREADS", cached_threads(vd).to_string())
-        .define("KEYS", CACHED_KEYS.to_string())
+        .define("KEYS", cached_keys(vd).to_string())
         // The file's shared helpers name the row kernels' sizes.
         .define("ROWS", ROWS.to_string())
         .define("TILE", "1")

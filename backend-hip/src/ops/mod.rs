@@ -213,6 +213,34 @@ mod tests {
         sources
     }
 
+    /// Every kernel entry's first statement waits for the kernel queued ahead of it
+    /// (`start_after_previous`, or `start_after_previous_prefetching`, whose L2 prefetch is
+    /// a hint that reads nothing into the kernel): launches may ask for an early start, and a
+    /// kernel that touched memory before that wait would race with the work before it.
+    #[test]
+    fn every_kernel_waits_for_the_work_before_it() {
+        let mut families: Vec<&str> = every_kernel().iter().map(|s| s.family).collect();
+        families.sort_unstable();
+        families.dedup();
+        let mut entries = 0;
+        for family in families {
+            for (at, _) in family.match_indices("\nKERNEL ") {
+                let body = at + family[at..].find('{').expect("a kernel has a body") + 1;
+                let signature = &family[at + 1..body];
+                let first_code = family[body..]
+                    .lines()
+                    .map(str::trim)
+                    .find(|line| !line.is_empty() && !line.starts_with("//"));
+                assert!(
+                    first_code.is_some_and(|line| line.starts_with("start_after_previous")),
+                    "`{signature}` does not start with start_after_previous()"
+                );
+                entries += 1;
+            }
+        }
+        assert!(entries >= 40, "found only {entries} kernel entries");
+    }
+
     /// Compiles every kernel for each of `archs` with `compile`, the machine's cores sharing
     /// the list (hiprtc takes them one at a time: `amd::compile`), and fails with every
     /// compiler log.

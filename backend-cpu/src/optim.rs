@@ -39,20 +39,17 @@ fn run<F: Float>(
     }
     let mut param = read::<F>(&inputs[0])?;
     let grad = read::<F>(&inputs[1])?;
-    let scale = read::<F>(&inputs[inputs.len() - 1])?
-        .first()
-        .copied()
-        .unwrap_or_else(F::one);
+    // SGD's last input is grad_scale; Adam's, the step's values, grad_scale first.
+    let step_values = read::<F>(&inputs[inputs.len() - 1])?;
+    let scale = step_values.first().copied().unwrap_or_else(F::one);
     match op {
         Op::AdamUpdate {
             decoupled_weight_decay,
         } => {
             let (mut m, mut v) = (read::<F>(&inputs[2])?, read::<F>(&inputs[3])?);
-            let [lr, beta1, beta2, eps, wd, bc1, bc2] = [s[0], s[1], s[2], s[3], s[4], s[5], s[6]];
-            // Scalar-only factors are formed on the host in f64, as PyTorch does.
-            let decay = F::of_f64(1.0 - lr * wd);
-            let step = F::of_f64(lr / bc1);
-            let bc2_sqrt = F::of_f64(bc2.sqrt());
+            let [beta1, beta2, eps, wd] = [s[0], s[1], s[2], s[3]];
+            // The step's factors, formed on the host in f64 and rounded to f32 (`adam_factors`).
+            let [step, decay, bc2_sqrt] = [step_values[1], step_values[2], step_values[3]];
             let (b1, b2, wd) = (F::of_f64(beta1), F::of_f64(beta2), F::of_f64(wd));
             let (c1, c2, eps) = (
                 F::of_f64(1.0 - beta1),

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tessera_core::ops::adam_factors;
 use tessera_core::{
     decode_f64, encode_f64, BinaryOp, Buffer, Conv2dParams, DType, Device, Error, Layout, Op,
     ReduceOp, TensorRef, UnaryOp,
@@ -299,17 +300,19 @@ fn adamw_updates_in_place() {
     let g = tensor(&dev, &[1], &[0.5], DType::F32);
     let m = tensor(&dev, &[1], &[0.0], DType::F32);
     let v = tensor(&dev, &[1], &[0.0], DType::F32);
-    let scale = tensor(&dev, &[1], &[2.0], DType::F32);
     let op = Op::AdamUpdate {
         decoupled_weight_decay: true,
     };
     let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.01);
+    let [step_size, decay, bc2_sqrt] = adam_factors(lr, wd, 1.0 - b1, 1.0 - b2).map(f64::from);
+    let step = [2.0, step_size, decay, bc2_sqrt];
+    let step = tensor(&dev, &[4], &step, DType::F32);
     launch(
         &dev,
         op,
-        &[&p, &g, &m, &v, &scale],
+        &[&p, &g, &m, &v, &step],
         &[&p, &m, &v],
-        &[lr, b1, b2, eps, wd, 1.0 - b1, 1.0 - b2],
+        &[b1, b2, eps, wd],
     )
     .unwrap();
     // g = 1; p = 1 - lr wd = 0.999; m = 0.1; v = 0.001; p -= (lr / 0.1) * 0.1 / (1 + eps).

@@ -18,19 +18,20 @@ KERNEL void adam(const Params p) {
     T* param_out = (T*)p.param_out;
     T* m_out = (T*)p.m_out;
     T* v_out = (T*)p.v_out;
-    const float scale = *(const float*)p.grad_scale;
+    const float* values = (const float*)p.step_values;
+    const float scale = values[0], step_size = values[1], decay = values[2], bc2_sqrt = values[3];
     const u64 step = block_count() * blockDim.x;
     for (u64 i = block_index() * blockDim.x + threadIdx.x; i < p.elements; i += step) {
         float w = ld(param, i);
         float g = ld(grad, i) * scale;
 #if DECOUPLED
-        w *= p.decay;
+        w *= decay;
 #else
         g += p.weight_decay * w;
 #endif
         const float m = p.beta1 * ld(m_in, i) + p.c1 * g;
         const float v = p.beta2 * ld(v_in, i) + p.c2 * g * g;
-        w -= p.step_size * (m / (sqrtf(v) / p.bc2_sqrt + p.eps));
+        w -= step_size * (m / (sqrtf(v) / bc2_sqrt + p.eps));
         st(param_out, i, w);
         st(m_out, i, m);
         st(v_out, i, v);

@@ -123,7 +123,7 @@ impl Device for HipDevice {
     }
 
     fn memory(&self) -> MemoryStats {
-        lock(&self.gpu.pool).stats()
+        self.gpu.memory()
     }
 
     fn set_memory_limit(&self, limit: Option<usize>) {

@@ -14,12 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use tessera_core::exec::{fnv1a, DiskCache};
+use tessera_core::memory::Pool;
 use tessera_core::{
-    Buffer, DeviceInfo, Error, KernelTime, KernelTotals, Recording, Result, TensorRef,
+    Buffer, DeviceInfo, Error, KernelTime, KernelTotals, MemoryStats, Recording, Result, TensorRef,
 };
 
 use crate::driver::{DevicePtr, Driver, Event, Function, Graph, Grid};
-use crate::memory::{self, lock, SharedPool};
+use crate::memory::{self, lock, Block, SharedPool};
 use crate::params::Params;
 
 const PRELUDE: &str = include_str!("../kernels/prelude.hip");
@@ -69,6 +70,8 @@ pub(crate) struct Gpu {
     pub syncs: AtomicU64,
     profile: Mutex<Profile>,
     capture: Mutex<Option<Capture>>,
+    /// The pools of live recordings, whose memory their graphs hold for as long as they live.
+    recording_pools: Mutex<Vec<std::sync::Weak<Mutex<Pool<Block>>>>>,
     /// Whether kernels may start before the one ahead of them has finished: on unless
     /// `TESSERA_EARLY_LAUNCH=0`, and off while kernels are timed (an early start would
     /// blur each kernel's events).
@@ -136,6 +139,7 @@ impl Gpu {
             syncs: AtomicU64::new(0),
             profile: Mutex::new(Profile::default()),
             capture: Mutex::new(None),
+            recording_pools: Mutex::new(Vec::new()),
             start_early: AtomicBool::new(early_launch_allowed()),
         }
     }
@@ -327,12 +331,31 @@ impl Gpu {
             }
         };
         let graph = self.driver.end_capture()?;
+        let mut pools = lock(&self.recording_pools);
+        pools.retain(|p| p.strong_count() > 0);
+        pools.push(Arc::downgrade(&capture.pool));
         Ok(Box::new(GpuRecording {
             driver: self.driver.clone(),
             graph,
             _pool: capture.pool,
             _kept: capture.kept.into_values().collect(),
         }))
+    }
+
+    /// The memory statistics of the device's pool, with the memory live recordings hold
+    /// counted as in use from the start of the peak's window (a conservative peak: a
+    /// recording keeps its step's memory for as long as it lives).
+    pub(crate) fn memory(&self) -> MemoryStats {
+        let mut stats = lock(&self.pool).stats();
+        let held: usize = lock(&self.recording_pools)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|p| lock(&p).stats().reserved)
+            .sum();
+        stats.in_use += held;
+        stats.peak += held;
+        stats.reserved += held;
+        stats
     }
 
     /// The device address of `t`'s first element.

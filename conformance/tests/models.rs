@@ -17,8 +17,9 @@ use tessera::generate::{generate, GenerateOptions, Sampling};
 use tessera::io::{self, HostTensor};
 use tessera::models::{Transformer, TransformerConfig};
 use tessera::nn::KvCache;
-use tessera::optim::{Adam, Optimizer, ParamGroup};
+use tessera::optim::{Adam, Optimizer, ParamGroup, Schedule};
 use tessera::rng::RngState;
+use tessera::train::{Precision, TrainOptions, Trainer};
 use tessera::{no_grad, DType, Device, ReplayedStep, Tensor};
 use tessera_conformance::{devices_under_test, shared_dir};
 
@@ -438,6 +439,88 @@ fn replayed_decoding_steps_give_the_bits_of_eager_ones_on_every_device() {
                             .zip(&r.0)
                             .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{label}: step {i}: replayed {r:?}, eager {e:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Training steps replayed from a recording (the trainer's default where the device records:
+/// cuda) leave the losses, gradient norms and weights an eager trainer leaves, bit for bit,
+/// over steps whose learning rate changes (warm-up, then cosine decay), with clipping and two
+/// micro-batches per step, in f32 and in bf16 with f32 master weights.
+#[test]
+fn replayed_training_steps_give_the_bits_of_eager_ones_on_every_device() {
+    const VOCAB: usize = 64;
+    const STEPS: usize = 6;
+    const SHAPE: [usize; 2] = [2, 12];
+    let configs = small_models(VOCAB);
+    let mut data_rng = RngState::new(3);
+    let data: Vec<Vec<u32>> = (0..STEPS * 4)
+        .map(|_| {
+            (0..SHAPE[0] * SHAPE[1])
+                .map(|_| data_rng.next_below(VOCAB) as u32)
+                .collect()
+        })
+        .collect();
+    for device in devices_under_test() {
+        let records = device.info().backend == "cuda";
+        for config in &configs {
+            for precision in [Precision::F32, Precision::Bf16] {
+                if !device.info().dtypes.contains(&precision.dtype()) {
+                    continue;
+                }
+                let label = format!(
+                    "{:?} {precision:?} on {}",
+                    config.family,
+                    device.info().id()
+                );
+                let run = |replay: bool| {
+                    let model =
+                        Transformer::new(config, &device, DType::F32, &mut RngState::new(8))
+                            .unwrap();
+                    let options = TrainOptions {
+                        schedule: Schedule {
+                            peak: 3e-3,
+                            min_lr: 1e-4,
+                            warmup: 2,
+                            total: STEPS as u64,
+                        },
+                        weight_decay: 0.1,
+                        betas: (0.9, 0.95),
+                        eps: 1e-8,
+                        grad_clip: Some(0.5),
+                        precision,
+                    };
+                    let (rng, data_rng) = (RngState::new(1), RngState::new(2));
+                    let mut trainer =
+                        Trainer::new(model, options, rng, data_rng, Value::Null).unwrap();
+                    trainer.set_replay(replay);
+                    let ids = |i: usize| Tensor::from_slice(&data[i], &SHAPE, &device).unwrap();
+                    let mut trace = Vec::new();
+                    for step in 0..STEPS {
+                        let micro: Vec<(Tensor, Tensor)> = (0..2)
+                            .map(|m| (ids(4 * step + 2 * m), ids(4 * step + 2 * m + 1)))
+                            .collect();
+                        let report = trainer.step(&micro).unwrap();
+                        let bits = |t: &Tensor| t.to_vec::<f32>().unwrap()[0].to_bits();
+                        trace.push((bits(&report.loss), bits(&report.grad_norm)));
+                    }
+                    let weights = trainer.weights().state_dict().unwrap();
+                    (trace, weights, trainer.replayed_last_step())
+                };
+                let (eager, eager_weights, _) = run(false);
+                let (replayed, replayed_weights, was_replayed) = run(true);
+                assert_eq!(
+                    was_replayed, records,
+                    "{label}: whether steps were replayed"
+                );
+                assert_eq!(replayed, eager, "{label}: (loss, grad norm) bits per step");
+                for (name, w) in &eager_weights {
+                    assert!(
+                        replayed_weights.get(name) == Some(w),
+                        "{label}: weight {name} differs after {STEPS} steps"
+                    );
                 }
             }
         }

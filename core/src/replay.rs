@@ -78,6 +78,9 @@ impl ReplayedStep {
 
     /// Records `step` and replays it once: the second call's work.
     fn record(&self, step: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn Recording>> {
+        // A recording keeps the memory its step allocates for as long as it lives; what the
+        // eager step left cached goes back first, so the two are not held at once.
+        self.device.empty_cache();
         self.device.begin_recording()?;
         let recorded = step();
         let recording = self.device.end_recording();

@@ -1,6 +1,16 @@
 //! The training loop's step: micro-batch accumulation, mixed precision with f32 master
 //! weights, dynamic loss scaling, global-norm clipping on the device, AdamW with parameter
 //! groups, learning-rate schedules, and checkpoints that resume bit for bit.
+//!
+//! Steps are replayed where the device records work ([`ReplayedStep`]): the micro-batches
+//! are copied into tensors the trainer keeps, the optimizer writes the step's learning rate
+//! and bias corrections to the device (`Adam::prepare_step`), and the step's device work
+//! (forward, backward, clipping, updates, the cast of master weights) is recorded once and
+//! replayed, writing the loss and gradient norm into tensors the trainer keeps, of which each
+//! report gets a copy. A replayed step gives the bits an eager one gives. Not replayed: f16
+//! steps (dynamic loss scaling reads the gradient norm on the host to decide whether to skip
+//! the update) and steps while kernels are profiled ([`Trainer::set_replay`]); a change of
+//! micro-batch count or shape records again.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,7 +22,7 @@ use crate::models::Transformer;
 use crate::nn::parameters;
 use crate::optim::{clip_grad_norm, Adam, LossScaler, Optimizer, ParamGroup, Schedule};
 use crate::rng::RngState;
-use crate::{DType, Device, Error, Op, Result, Tensor};
+use crate::{DType, Device, Error, Op, ReplayedStep, Result, Tensor};
 
 /// The dtype matmuls and activations run in. Master weights and optimizer state stay f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +82,31 @@ pub struct Trainer {
     pub state: TrainState,
     scaler: LossScaler,
     pub options: TrainOptions,
+    /// Whether steps may be replayed ([`Trainer::set_replay`]).
+    replay: bool,
+    replayed: Option<Replayed>,
+}
+
+/// A recorded step and the tensors it talks through.
+struct Replayed {
+    step: ReplayedStep,
+    /// The micro-batches' `(inputs, targets)`, copied in before each step.
+    micro_batches: Vec<(Tensor, Tensor)>,
+    loss: Tensor,
+    grad_norm: Tensor,
+}
+
+impl Replayed {
+    /// Whether `micro_batches` fit the kept tensors (same count, shapes and dtypes).
+    fn fits(&self, micro_batches: &[(Tensor, Tensor)]) -> bool {
+        let same = |a: &Tensor, b: &Tensor| a.shape() == b.shape() && a.dtype() == b.dtype();
+        self.micro_batches.len() == micro_batches.len()
+            && self
+                .micro_batches
+                .iter()
+                .zip(micro_batches)
+                .all(|((i, t), (bi, bt))| same(i, bi) && same(t, bt))
+    }
 }
 
 impl Trainer {
@@ -129,6 +164,8 @@ impl Trainer {
             scaler: LossScaler::new(scale, 1000),
             state,
             options,
+            replay: true,
+            replayed: None,
         })
     }
 
@@ -141,6 +178,20 @@ impl Trainer {
         self.model.device()
     }
 
+    /// Whether steps may be replayed (on by default). Off, every step runs eagerly: to time
+    /// its kernels one by one, or as a reference for replayed steps.
+    pub fn set_replay(&mut self, on: bool) {
+        self.replay = on;
+        if !on {
+            self.replayed = None;
+        }
+    }
+
+    /// Whether the last step was replayed from a recording.
+    pub fn replayed_last_step(&self) -> bool {
+        self.replayed.as_ref().is_some_and(|r| r.step.is_replayed())
+    }
+
     /// One optimizer update over the given micro-batches `(inputs, targets)`, each `[B, T]`
     /// token ids; their mean loss is what is minimized.
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<StepReport> {
@@ -150,6 +201,102 @@ impl Trainer {
                 "needs at least one micro-batch",
             ));
         }
+        if !self.replay || self.options.precision == Precision::F16 {
+            return self.eager_step(micro_batches);
+        }
+        let mut replayed = match self.replayed.take() {
+            Some(r) if r.fits(micro_batches) => r,
+            _ => self.replayable(micro_batches)?,
+        };
+        let report = self.replayed_step(&mut replayed, micro_batches);
+        if report.is_ok() {
+            self.replayed = Some(replayed);
+        }
+        report
+    }
+
+    /// Tensors for steps over micro-batches shaped as `micro_batches`, and a step not yet
+    /// recorded.
+    fn replayable(&self, micro_batches: &[(Tensor, Tensor)]) -> Result<Replayed> {
+        let device = self.device();
+        let like = |t: &Tensor| Tensor::zeros(t.shape(), t.dtype(), device);
+        Ok(Replayed {
+            step: ReplayedStep::new(device),
+            micro_batches: micro_batches
+                .iter()
+                .map(|(i, t)| Ok((like(i)?, like(t)?)))
+                .collect::<Result<_>>()?,
+            loss: Tensor::zeros(&[], DType::F32, device)?,
+            grad_norm: Tensor::zeros(&[1], DType::F32, device)?,
+        })
+    }
+
+    fn replayed_step(
+        &mut self,
+        replayed: &mut Replayed,
+        micro_batches: &[(Tensor, Tensor)],
+    ) -> Result<StepReport> {
+        for ((inputs, targets), (new_inputs, new_targets)) in
+            replayed.micro_batches.iter().zip(micro_batches)
+        {
+            inputs.copy_from(new_inputs)?;
+            targets.copy_from(new_targets)?;
+        }
+        let lr = self.options.schedule.lr(self.state.step);
+        self.optimizer.prepare_step(lr)?;
+        let Replayed {
+            step,
+            micro_batches,
+            loss,
+            grad_norm,
+        } = replayed;
+        step.run(&mut || {
+            let (step_loss, step_norm) = self.accumulate_and_clip(micro_batches)?;
+            self.optimizer.apply_step(&step_norm.1)?;
+            self.sync_compute_weights()?;
+            self.optimizer.zero_grad();
+            loss.copy_from(&step_loss.to_dtype(DType::F32)?)?;
+            grad_norm.copy_from(&step_norm.0)
+        })?;
+        self.state.step += 1;
+        Ok(StepReport {
+            loss: copied(loss)?,
+            grad_norm: copied(grad_norm)?,
+            lr,
+            skipped: false,
+        })
+    }
+
+    fn eager_step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<StepReport> {
+        let (loss, (grad_norm, factor)) = self.accumulate_and_clip(micro_batches)?;
+        let skipped = if self.options.precision == Precision::F16 {
+            !self.scaler.update(grad_norm.item()?.is_finite())
+        } else {
+            false
+        };
+        let lr = self.options.schedule.lr(self.state.step);
+        if !skipped {
+            self.optimizer.step(lr, &factor)?;
+            self.state.step += 1;
+            self.sync_compute_weights()?;
+        }
+        self.optimizer.zero_grad();
+        self.state.loss_scale = self.scaler.scale;
+        Ok(StepReport {
+            loss,
+            grad_norm,
+            lr,
+            skipped,
+        })
+    }
+
+    /// Forward and backward over every micro-batch, gradients moved to the master weights,
+    /// and the global norm with the factor that clips it (and removes the loss scale): the
+    /// mean loss and `(norm, factor)`.
+    fn accumulate_and_clip(
+        &self,
+        micro_batches: &[(Tensor, Tensor)],
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
         let n = micro_batches.len() as f64;
         let scale = self.scaler.scale;
         let mut total: Option<Tensor> = None;
@@ -170,26 +317,8 @@ impl Trainer {
             }
         }
         let max_norm = self.options.grad_clip.unwrap_or(f64::INFINITY);
-        let (grad_norm, factor) = clip_grad_norm(self.optimizer.groups(), max_norm, 1.0 / scale)?;
-        let skipped = if self.options.precision == Precision::F16 {
-            !self.scaler.update(grad_norm.item()?.is_finite())
-        } else {
-            false
-        };
-        let lr = self.options.schedule.lr(self.state.step);
-        if !skipped {
-            self.optimizer.step(lr, &factor)?;
-            self.state.step += 1;
-            self.sync_compute_weights()?;
-        }
-        self.optimizer.zero_grad();
-        self.state.loss_scale = self.scaler.scale;
-        Ok(StepReport {
-            loss,
-            grad_norm,
-            lr,
-            skipped,
-        })
+        let clipped = clip_grad_norm(self.optimizer.groups(), max_norm, 1.0 / scale)?;
+        Ok((loss, clipped))
     }
 
     /// Copies the master weights into the compute-precision model (rounding to its dtype).
@@ -241,4 +370,9 @@ impl Trainer {
         }
         Ok(trainer)
     }
+}
+
+/// A copy of `t` in a new buffer (a report's, which later steps do not overwrite).
+fn copied(t: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::apply(&Op::Copy, &[t], &[], None)?.remove(0))
 }

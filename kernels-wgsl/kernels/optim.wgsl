@@ -4,12 +4,16 @@
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
 // @kernel adam
-// Bindings: 1 param, 2 grad, 3 m, 4 v, 5 grad_scale, 6 param out, 7 m out, 8 v out.
+// Bindings: 1 param, 2 grad, 3 m, 4 v, 5 the step's values (grad scale, step size, decay,
+// sqrt of bias correction 2), 6 param out, 7 m out, 8 v out.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = params.elements;
     let step = group_count(nwg) * WG;
     let scale = ld5(o(5u));
+    let step_size = ld5(o(5u) + 1u);
+    let decay_factor = ld5(o(5u) + 2u);
+    let sqrt_bias_correction2 = ld5(o(5u) + 3u);
     let b1 = params.beta1;
     let b2 = params.beta2;
     for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
@@ -18,7 +22,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         DECAY
         let m = b1 * ld3(o(3u) + i) + (1.0 - b1) * g;
         let v = b2 * ld4(o(4u) + i) + (1.0 - b2) * g * g;
-        w -= params.step_size * m / (sqrt(v) / params.sqrt_bias_correction2 + params.eps);
+        w -= step_size * m / (sqrt(v) / sqrt_bias_correction2 + params.eps);
         st6(o(6u) + i, w);
         st7(o(7u) + i, m);
         st8(o(8u) + i, v);

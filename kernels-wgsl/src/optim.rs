@@ -11,17 +11,13 @@ use tessera_core::exec::split;
 const SRC: &str = include_str!("../kernels/optim.wgsl");
 
 param_block! {
-    /// AdamW's parameters: `step_size` is lr over the first moment's bias correction.
+    /// Adam's parameters; what changes from step to step is read from the step's values.
     AdamParams {
         elements: u32,
-        step_size: f32,
         beta1: f32,
         beta2: f32,
         eps: f32,
         weight_decay: f32,
-        sqrt_bias_correction2: f32,
-        /// 1 - lr * weight decay, for decay decoupled from the gradient.
-        decay_factor: f32,
         offsets: [u32; MAX_BINDINGS],
     }
 }
@@ -74,11 +70,11 @@ pub(crate) fn launch(
         } => {
             let n = inputs[0].layout.numel();
             let decay = if *decoupled_weight_decay {
-                "w *= params.decay_factor;"
+                "w *= decay_factor;"
             } else {
                 "g += params.weight_decay * w;"
             };
-            let (lr, b1, b2, eps, wd, bc1, bc2) = (s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
+            let (b1, b2, eps, wd) = (s[0], s[1], s[2], s[3]);
             run(
                 gpu,
                 &k("adam"),
@@ -90,13 +86,10 @@ pub(crate) fn launch(
                 groups_for(n),
                 |o| AdamParams {
                     elements: n as u32,
-                    step_size: (lr / bc1) as f32,
                     beta1: b1 as f32,
                     beta2: b2 as f32,
                     eps: eps as f32,
                     weight_decay: wd as f32,
-                    sqrt_bias_correction2: bc2.sqrt() as f32,
-                    decay_factor: (1.0 - lr * wd) as f32,
                     offsets: offsets(o),
                 },
             )

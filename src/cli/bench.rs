@@ -272,7 +272,10 @@ pub fn bench_train(args: &BenchArgs, device: &Arc<dyn Device>) -> Result<Value> 
     let seconds = start.elapsed().as_secs_f64() / args.steps as f64;
     let (syncs, allocations) = before.per(&after, args.steps);
     let peak = device.memory().peak as f64 / MIB;
+    let replayed = trainer.replayed_last_step();
     if args.profile {
+        // Replayed steps queue one graph: profiled kernels run one by one.
+        trainer.set_replay(false);
         profiled("one training step", device, || {
             trainer.step(&batch).map(drop)
         })?;
@@ -284,7 +287,7 @@ pub fn bench_train(args: &BenchArgs, device: &Arc<dyn Device>) -> Result<Value> 
         "tokens_per_s": (args.batch * args.seq) as f64 / seconds,
         "peak_mem_mib": peak, "host_syncs_per_step": syncs, "allocations_per_step": allocations,
         "steps": args.steps, "warmup": args.warmup, "params": params, "loss": loss,
-        "device": device_label(device), "impl": "tessera",
+        "replayed": replayed, "device": device_label(device), "impl": "tessera",
     }))
 }
 

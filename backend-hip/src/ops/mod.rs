@@ -190,7 +190,7 @@ mod tests {
             AttentionBackward { .. } => vec![f, f, f, f, DType::F32, f],
             CrossEntropy => vec![f, i],
             CrossEntropyBackward => vec![f, i, DType::F32, DType::F32],
-            AdamUpdate { .. } => vec![f, f, DType::F32, DType::F32, DType::F32],
+            AdamUpdate { .. } => vec![f, f, f, f, DType::F32],
             SgdUpdate { momentum, .. } => vec![f; 3 + usize::from(*momentum)],
             Conv2d { bias, .. } => vec![f; 2 + usize::from(*bias)],
             Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => vec![f, f],

@@ -20,19 +20,18 @@ const CHUNK: usize = 4096;
 const THREADS: u32 = 256;
 
 hip_params! {
-    /// Adam's parameters: the scalar factors formed on the host in f64, as the CPU does.
+    /// Adam's parameters; what changes from step to step is read from `step_values` (grad
+    /// scale, step size, decay, sqrt of bias correction 2).
     AdamParams {
         param: u64,
         grad: u64,
         m: u64,
         v: u64,
-        grad_scale: u64,
+        step_values: u64,
         param_out: u64,
         m_out: u64,
         v_out: u64,
         elements: u64,
-        /// lr / bias_correction1.
-        step_size: f32,
         beta1: f32,
         beta2: f32,
         /// 1 - beta1 and 1 - beta2.
@@ -40,9 +39,6 @@ hip_params! {
         c2: f32,
         eps: f32,
         weight_decay: f32,
-        /// 1 - lr * weight_decay.
-        decay: f32,
-        bc2_sqrt: f32,
     }
 }
 
@@ -152,26 +148,23 @@ pub(crate) fn launch(
             if n == 0 {
                 return Ok(());
             }
-            let [lr, beta1, beta2, eps, wd, bc1, bc2] = [s[0], s[1], s[2], s[3], s[4], s[5], s[6]];
+            let [beta1, beta2, eps, wd] = [s[0], s[1], s[2], s[3]];
             let params = AdamParams {
                 param: gpu.ptr(&inputs[0])?,
                 grad: gpu.ptr(&inputs[1])?,
                 m: gpu.ptr(&inputs[2])?,
                 v: gpu.ptr(&inputs[3])?,
-                grad_scale: gpu.ptr(&inputs[4])?,
+                step_values: gpu.ptr(&inputs[4])?,
                 param_out: gpu.ptr(&outputs[0])?,
                 m_out: gpu.ptr(&outputs[1])?,
                 v_out: gpu.ptr(&outputs[2])?,
                 elements: n as u64,
-                step_size: (lr / bc1) as f32,
                 beta1: beta1 as f32,
                 beta2: beta2 as f32,
                 c1: (1.0 - beta1) as f32,
                 c2: (1.0 - beta2) as f32,
                 eps: eps as f32,
                 weight_decay: wd as f32,
-                decay: (1.0 - lr * wd) as f32,
-                bc2_sqrt: bc2.sqrt() as f32,
             };
             let key = format!("adam:{dtype}:{decoupled}");
             let source = || Ok(adam_source(dtype, *decoupled));

@@ -1,6 +1,7 @@
 //! Optimizer update and squared-norm samples. Updates run both into separate outputs and in
 //! place (outputs are the input buffers), as training runs them.
 
+use tessera::ops::adam_factors;
 use tessera::{DType, Op};
 
 use super::{fixed, input, uniform, Gen, Input, Sample, View};
@@ -15,16 +16,18 @@ pub(super) fn adam(decoupled_weight_decay: bool) -> Vec<Sample> {
     let op = Op::AdamUpdate {
         decoupled_weight_decay,
     };
-    let (beta1, beta2, step) = (0.9f64, 0.999f64, 3);
-    let scalars = [
-        1e-2,
-        beta1,
-        beta2,
-        1e-8,
-        0.1,
+    let (lr, beta1, beta2, eps, weight_decay, step) = (1e-2, 0.9f64, 0.999f64, 1e-8, 0.1, 3);
+    let scalars = [beta1, beta2, eps, weight_decay];
+    let [step_size, decay, bc2_sqrt] = adam_factors(
+        lr,
+        weight_decay,
         1.0 - beta1.powi(step),
         1.0 - beta2.powi(step),
-    ];
+    );
+    let step_values = || {
+        let values = [0.5, step_size, decay, bc2_sqrt].map(f64::from).to_vec();
+        fixed(&[4], DType::F32, Gen::Values(values))
+    };
     let mut out = Vec::new();
     for shape in SHAPES {
         for in_place in [false, true] {
@@ -37,7 +40,7 @@ pub(super) fn adam(decoupled_weight_decay: bool) -> Vec<Sample> {
                 input(shape, uniform(-1.0, 1.0)),
                 input(shape, uniform(-0.1, 0.1)),
                 input(shape, uniform(1e-4, 1e-2)),
-                grad_scale(),
+                step_values(),
             ];
             let s = Sample::new(op.clone(), format!("{shape:?} in place {in_place}"), inputs)
                 .scalars(&scalars);

@@ -38,6 +38,7 @@ mod reduce;
 
 pub use conv::Conv2dParams;
 pub use dtypes::{catalog_allows, check_dtypes, unsupported_dtypes};
+pub use optim::adam_factors;
 
 /// The op families: each backend runs an op by its family's kernels, kept in a file named
 /// after the family (`norm.rs`, `kernels/norm.wgsl`), so one op is found in the same place in
@@ -378,15 +379,7 @@ impl Op {
             Unary(u) | UnaryBackward(u) => u.scalar_names(),
             LayerNorm | RmsNorm => &["eps"],
             Attention { .. } | AttentionBackward { .. } | CachedAttention => &["scale"],
-            AdamUpdate { .. } => &[
-                "lr",
-                "beta1",
-                "beta2",
-                "eps",
-                "weight_decay",
-                "bias_correction1",
-                "bias_correction2",
-            ],
+            AdamUpdate { .. } => &["beta1", "beta2", "eps", "weight_decay"],
             SgdUpdate { .. } => &["lr", "momentum", "grad_coef", "weight_decay"],
             _ => &[],
         }

@@ -1,16 +1,19 @@
 //! Optimizer updates and the global gradient norm.
 //!
-//! Every update reads `grad * grad_scale[0]`, where `grad_scale` is a `[1]` f32 tensor on the
-//! device: gradient clipping and loss-scale removal multiply through it without a host round
-//! trip. Updates write their outputs in place (outputs may be the input buffers).
+//! Every update reads `grad * grad_scale`, where `grad_scale` is an f32 on the device (the
+//! first element of its last input): gradient clipping and loss-scale removal multiply
+//! through it without a host round trip. Updates write their outputs in place (outputs may be
+//! the input buffers).
 //!
-//! - `AdamUpdate { decoupled_weight_decay }`: `(param, grad, m, v, grad_scale)` to
-//!   `(param, m, v)`, one float dtype for the first four. Scalars `lr, beta1, beta2, eps,
-//!   weight_decay, bias_correction1, bias_correction2`, the corrections `1 - beta^t` computed
-//!   on the host in f64. With `g = grad * scale`: AdamW (decoupled) first sets
-//!   `param *= 1 - lr * weight_decay`; Adam instead uses `g += weight_decay * param`. Then
-//!   `m = beta1 m + (1 - beta1) g`, `v = beta2 v + (1 - beta2) g^2`,
-//!   `param -= (lr / bias_correction1) * m / (sqrt(v) / sqrt(bias_correction2) + eps)`,
+//! - `AdamUpdate { decoupled_weight_decay }`: `(param, grad, m, v, step)` to `(param, m, v)`,
+//!   one float dtype for the first four. Scalars `beta1, beta2, eps, weight_decay`. What
+//!   changes from step to step comes from the device, so that a recorded step replays with
+//!   new values: `step` is `[4]` f32, `[grad_scale, step_size, decay, sqrt_bc2]`, the last
+//!   three `[lr / bias_correction1, 1 - lr * weight_decay, sqrt(bias_correction2)]` formed on
+//!   the host in f64 from the corrections `1 - beta^t` and rounded once ([`adam_factors`]).
+//!   With `g = grad * grad_scale`: AdamW (decoupled) first sets `param *= decay`; Adam
+//!   instead uses `g += weight_decay * param`. Then `m = beta1 m + (1 - beta1) g`,
+//!   `v = beta2 v + (1 - beta2) g^2`, `param -= step_size * m / (sqrt(v) / sqrt_bc2 + eps)`,
 //!   exactly PyTorch's formula.
 //! - `SgdUpdate { momentum, nesterov }`: `(param, grad, [buf,] grad_scale)` to
 //!   `(param, [buf])`. Scalars `lr, momentum, grad_coef, weight_decay`. With
@@ -47,10 +50,14 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
         ));
     }
     let scale = &inputs[inputs.len() - 1];
-    if scale.shape != [1] || scale.dtype != DType::F32 {
+    let (len, what) = match op {
+        Op::AdamUpdate { .. } => (4, "the step's values must be [4] f32 (grad scale, step size, decay, sqrt of bias correction 2)"),
+        _ => (1, "grad_scale must be [1] f32"),
+    };
+    if scale.shape != [len] || scale.dtype != DType::F32 {
         return Err(Error::shape(
             name,
-            format!("grad_scale must be [1] f32; got {}", specs_str(inputs)),
+            format!("{what}; got {}", specs_str(inputs)),
         ));
     }
     let outputs = match op {
@@ -59,4 +66,15 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
         _ => unreachable!("not an optimizer op: {op:?}"),
     };
     Ok(vec![p.clone(); outputs])
+}
+
+/// The last three of `AdamUpdate`'s step values for learning rate `lr`, weight decay
+/// `weight_decay` and bias corrections `1 - beta^t`: `[lr / bc1, 1 - lr * weight_decay,
+/// sqrt(bc2)]`, formed in f64 and rounded once to f32.
+pub fn adam_factors(lr: f64, weight_decay: f64, bc1: f64, bc2: f64) -> [f32; 3] {
+    [
+        (lr / bc1) as f32,
+        (1.0 - lr * weight_decay) as f32,
+        bc2.sqrt() as f32,
+    ]
 }

@@ -6,10 +6,17 @@ use super::{
     load_state_into, read_step, save_state, step_tensor, zeros_like_params, Optimizer, ParamGroup,
 };
 use crate::io::HostTensor;
-use crate::{Op, Result, Tensor};
+use crate::ops::adam_factors;
+use crate::{DType, Op, Result, Tensor};
 
 /// Adam with L2 weight decay, or AdamW with decoupled weight decay (PyTorch's formulas; bias
 /// corrections computed on the host in f64).
+///
+/// A step is two halves, so that its device work can be recorded once and replayed
+/// (`crate::ReplayedStep`): [`Adam::prepare_step`] counts the step and writes what changes
+/// with it (learning rate, bias corrections) into a device tensor per group, on the host's
+/// side of a recording; [`Adam::apply_step`] queues the updates, which read those tensors, the
+/// same launches every step. [`Optimizer::step`] does both.
 pub struct Adam {
     groups: Vec<ParamGroup>,
     pub beta1: f64,
@@ -19,6 +26,9 @@ pub struct Adam {
     step: u64,
     m: Vec<Vec<Tensor>>,
     v: Vec<Vec<Tensor>>,
+    /// Per group, `[step size, decay, sqrt of bias correction 2]` of the prepared step
+    /// (`ops::adam_factors`), f32 on the parameters' device; `None` for an empty group.
+    factors: Vec<Option<Tensor>>,
 }
 
 impl Adam {
@@ -44,6 +54,15 @@ impl Adam {
         decoupled: bool,
     ) -> Result<Self> {
         let (m, v) = (zeros_like_params(&groups)?, zeros_like_params(&groups)?);
+        let factors = groups
+            .iter()
+            .map(|g| {
+                g.params
+                    .first()
+                    .map(|(_, p)| Tensor::zeros(&[3], DType::F32, p.device()))
+                    .transpose()
+            })
+            .collect::<Result<_>>()?;
         Ok(Adam {
             groups,
             beta1,
@@ -53,35 +72,57 @@ impl Adam {
             step: 0,
             m,
             v,
+            factors,
         })
+    }
+
+    /// Counts one more step and writes its factors for learning rate `lr` to the device (host
+    /// writes: outside any recording).
+    pub fn prepare_step(&mut self, lr: f64) -> Result<()> {
+        self.step += 1;
+        let t = self.step as i32;
+        let (bc1, bc2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
+        for (group, factors) in self.groups.iter().zip(&self.factors) {
+            let Some(factors) = factors else { continue };
+            let values = adam_factors(lr * group.lr_scale, group.weight_decay, bc1, bc2);
+            let values = values.map(f64::from);
+            factors.copy_from(&Tensor::from_f64(
+                &values,
+                &[3],
+                DType::F32,
+                factors.device(),
+            )?)?;
+        }
+        Ok(())
+    }
+
+    /// Queues the prepared step's update of every parameter that has a gradient, reading
+    /// gradients multiplied by `grad_scale` (`[1]` f32 on the parameters' device). The same
+    /// launches every step: what changes comes from the device.
+    pub fn apply_step(&self, grad_scale: &Tensor) -> Result<()> {
+        let op = Op::AdamUpdate {
+            decoupled_weight_decay: self.decoupled,
+        };
+        for (gi, group) in self.groups.iter().enumerate() {
+            let Some(factors) = &self.factors[gi] else {
+                continue;
+            };
+            let scalars = [self.beta1, self.beta2, self.eps, group.weight_decay];
+            let step_values = Tensor::cat(&[grad_scale, factors], 0)?;
+            for (pi, (_, p)) in group.params.iter().enumerate() {
+                let Some(grad) = p.grad() else { continue };
+                let (m, v) = (&self.m[gi][pi], &self.v[gi][pi]);
+                Tensor::apply_in_place(&op, &[p, &grad, m, v, &step_values], &[p, m, v], &scalars)?;
+            }
+        }
+        Ok(())
     }
 }
 
 impl Optimizer for Adam {
     fn step(&mut self, lr: f64, grad_scale: &Tensor) -> Result<()> {
-        self.step += 1;
-        let t = self.step as i32;
-        let (bc1, bc2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
-        let op = Op::AdamUpdate {
-            decoupled_weight_decay: self.decoupled,
-        };
-        for (gi, group) in self.groups.iter().enumerate() {
-            let scalars = [
-                lr * group.lr_scale,
-                self.beta1,
-                self.beta2,
-                self.eps,
-                group.weight_decay,
-                bc1,
-                bc2,
-            ];
-            for (pi, (_, p)) in group.params.iter().enumerate() {
-                let Some(grad) = p.grad() else { continue };
-                let (m, v) = (&self.m[gi][pi], &self.v[gi][pi]);
-                Tensor::apply_in_place(&op, &[p, &grad, m, v, grad_scale], &[p, m, v], &scalars)?;
-            }
-        }
-        Ok(())
+        self.prepare_step(lr)?;
+        self.apply_step(grad_scale)
     }
 
     fn steps(&self) -> u64 {

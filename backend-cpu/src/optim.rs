@@ -4,6 +4,7 @@
 //! owned vector before any output is written.
 
 use rayon::prelude::*;
+use tessera_core::ops::updated_params;
 use tessera_core::{Op, Result, TensorRef};
 
 use crate::buffer::{read, write};
@@ -16,6 +17,19 @@ pub(crate) fn launch(
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
+    // A group's Adam update: each parameter on its own.
+    let params = updated_params(op, inputs.len());
+    if params > 1 {
+        for p in 0..params {
+            let mut ins: Vec<TensorRef<'_>> =
+                (0..4).map(|r| inputs[r * params + p].clone()).collect();
+            ins.push(inputs[inputs.len() - 1].clone());
+            let outs: Vec<TensorRef<'_>> =
+                (0..3).map(|r| outputs[r * params + p].clone()).collect();
+            launch(op, &ins, &outs, s)?;
+        }
+        return Ok(());
+    }
     if computes_in_f64(inputs[0].dtype) {
         run::<f64>(op, inputs, outputs, s)
     } else {

@@ -304,7 +304,7 @@ fn adamw_updates_in_place() {
         decoupled_weight_decay: true,
     };
     let (lr, b1, b2, eps, wd) = (0.1, 0.9, 0.999, 1e-8, 0.01);
-    let [step_size, decay, bc2_sqrt] = adam_factors(lr, wd, 1.0 - b1, 1.0 - b2).map(f64::from);
+    let [step_size, decay, bc2_sqrt] = adam_factors(lr, wd, 1.0 - b1, 1.0 - b2);
     let step = [2.0, step_size, decay, bc2_sqrt];
     let step = tensor(&dev, &[4], &step, DType::F32);
     launch(

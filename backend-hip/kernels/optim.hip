@@ -1,5 +1,6 @@
 // Optimizer updates, a thread per element in place (each thread reads its element of every
-// input before writing, so outputs may be the input buffers), and the squared norm of many
+// input before writing, so outputs may be the input buffers; Adam over up to 16 parameters
+// of a group per launch), and the squared norm of many
 // tensors by per-chunk partial sums added up by one block: a fixed order, no atomics.
 // Parameters: `AdamParams`, `SgdParams`, `SquaresParams`, `SumParams` (ops/optim.rs). The
 // planner defines:
@@ -9,32 +10,39 @@
 //   NESTEROV    1 for Nesterov's look-ahead
 
 #if defined(ADAM)
+// A group's parameters in one launch: block c updates chunk c of them, counted over all of
+// them in order (parameter t's chunks from `chunk0[t]`).
 KERNEL void adam(const Params p) {
     start_after_previous();
-    const T* param = (const T*)p.param;
-    const T* grad = (const T*)p.grad;
-    const T* m_in = (const T*)p.m;
-    const T* v_in = (const T*)p.v;
-    T* param_out = (T*)p.param_out;
-    T* m_out = (T*)p.m_out;
-    T* v_out = (T*)p.v_out;
     const float* values = (const float*)p.step_values;
     const float scale = values[0], step_size = values[1], decay = values[2], bc2_sqrt = values[3];
-    const u64 step = block_count() * blockDim.x;
-    for (u64 i = block_index() * blockDim.x + threadIdx.x; i < p.elements; i += step) {
-        float w = ld(param, i);
-        float g = ld(grad, i) * scale;
+    for (u64 c = block_index(); c < p.chunks; c += block_count()) {
+        u32 t = 0;
+        while (t + 1 < p.count && p.chunk0[t + 1] <= c) ++t;
+        const T* param = (const T*)p.param[t];
+        const T* grad = (const T*)p.grad[t];
+        const T* m_in = (const T*)p.m[t];
+        const T* v_in = (const T*)p.v[t];
+        T* param_out = (T*)p.param_out[t];
+        T* m_out = (T*)p.m_out[t];
+        T* v_out = (T*)p.v_out[t];
+        const u64 begin = (c - p.chunk0[t]) * p.chunk;
+        const u64 end = begin + p.chunk < p.elements[t] ? begin + p.chunk : p.elements[t];
+        for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+            float w = ld(param, i);
+            float g = ld(grad, i) * scale;
 #if DECOUPLED
-        w *= decay;
+            w *= decay;
 #else
-        g += p.weight_decay * w;
+            g += p.weight_decay * w;
 #endif
-        const float m = p.beta1 * ld(m_in, i) + p.c1 * g;
-        const float v = p.beta2 * ld(v_in, i) + p.c2 * g * g;
-        w -= step_size * (m / (sqrtf(v) / bc2_sqrt + p.eps));
-        st(param_out, i, w);
-        st(m_out, i, m);
-        st(v_out, i, v);
+            const float m = p.beta1 * ld(m_in, i) + p.c1 * g;
+            const float v = p.beta2 * ld(v_in, i) + p.c2 * g * g;
+            w -= step_size * (m / (sqrtf(v) / bc2_sqrt + p.eps));
+            st(param_out, i, w);
+            st(m_out, i, m);
+            st(v_out, i, v);
+        }
     }
 }
 #endif

@@ -19,17 +19,27 @@
 //! matches the CPU in the conformance suite on an H100 (`benches/README.md` has the speed).
 //! Attention forward and backward run on tensor cores for 16-bit data with head dims up to
 //! 128 (`mma.sync`, NVIDIA only); everything else but the GEMMs runs on CUDA cores. In bf16
-//! GPT-2 training the GEMMs now cost most, then attention (at 35-43% of PyTorch's SDPA), the
-//! copies of heads into attention's layout and the per-parameter optimizer launches. Large
-//! 16-bit GEMMs with sizes off multiples of 8 run on zero-padded copies (`ops/matmul.rs`).
+//! GPT-2 training the GEMMs cost most, then attention (at 35-43% of PyTorch's SDPA) and the
+//! copies of heads into attention's layout. Large 16-bit GEMMs with sizes off multiples of 8
+//! run on zero-padded copies (`ops/matmul.rs`). Adam updates a group's parameters 16 to a
+//! launch.
+//!
+//! Kernels start early (programmatic dependent launch, Hopper on): every kernel's first
+//! statement waits for the kernel queued ahead of it (`start_after_previous` in the prelude;
+//! a unit test holds every entry to it), so a launch may ask for its blocks to become
+//! resident while that kernel still runs, hiding the gap between kernels; few-row products
+//! and norms prefetch their weights into L2 before they wait (a hint, safe whatever runs
+//! ahead). Off while profiling, and with `TESSERA_EARLY_LAUNCH=0`.
+//!
 //! Recording (core's `Device::begin_recording`) is stream capture into a CUDA graph: the
 //! recording thread queues on a capture stream of its own, allocates from a pool that the
-//! graph keeps (reused inside it in queue order), and the graph holds every other buffer its
-//! kernels touch (`gpu.rs`). Greedy decoding replays its step this way (2.5k tokens/s in
-//! bf16; products of up to eight rows with a linear layer's weight skip cuBLASLt for our
-//! `few_rows` kernel; the cached attention, at about 10 us per layer with a block per head,
-//! is the kernel to work on next); the training step is not recorded yet (its optimizer scalars are launch values,
-//! not device buffers), and AMD steps run eagerly (HIP graphs are not wired).
+//! graph keeps (reused inside it in queue order; counted as in use in the device's memory
+//! statistics), and the graph holds every other buffer its kernels touch (`gpu.rs`). Greedy
+//! decoding and the trainer's bf16 and f32 steps replay this way. Decoding products of up
+//! to eight rows with a linear layer's weight skip cuBLASLt for our `few_rows` kernel; what
+//! remains per token is about 109 short kernels, each mostly latency (`benches/README.md`
+//! has the profile): fewer of them (a norm fused into the product after it) is the next step.
+//! AMD steps run eagerly (HIP graphs are not wired).
 //! On AMD every kernel compiles with hiprtc for `gfx90a` (wave64) and `gfx1030` (wave32) in
 //! the tests, without a GPU; the runtime (`driver/amd.rs`) is written against the HIP
 //! runtime's API but no AMD GPU has run it, and matmuls there say `Unsupported` until

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use tessera::ops::stats_dtype;
+use tessera::ops::{in_place_input, stats_dtype, updated_params};
 use tessera::{
     decode_f64, encode_f64, Buffer, DType, Device, Error, Layout, Op, TensorRef, TensorSpec,
 };
@@ -395,18 +395,13 @@ impl From<Error> for LaunchError {
     }
 }
 
-/// Which inputs an in-place update writes, by output: `(param, m, v)`, `(param, [buf])` or
-/// an index copy's `dst`.
-fn in_place_inputs(op: &Op) -> Vec<usize> {
-    match op {
-        Op::AdamUpdate { .. } => vec![0, 2, 3],
-        Op::SgdUpdate { momentum: true, .. } => vec![0, 2],
-        Op::SgdUpdate {
-            momentum: false, ..
-        }
-        | Op::IndexCopy { .. } => vec![0],
-        _ => Vec::new(),
-    }
+/// Which inputs an in-place update writes, by output: the parameters, then the optimizer
+/// state (`m` and `v`, or the momentum buffer), or an index copy's `dst`.
+fn in_place_inputs(op: &Op, inputs: usize, outputs: usize) -> Vec<usize> {
+    let params = updated_params(op, inputs);
+    (0..outputs)
+        .filter_map(|o| in_place_input(op, params, o))
+        .collect()
 }
 
 /// How to launch: the device side uses the sample's views, guards and in-place outputs.
@@ -433,7 +428,7 @@ pub fn run_on_device(
         .map(|p| upload(device, p.dtype, &p.layout, &p.storage, GUARD))
         .collect::<Result<_, _>>()?;
     let aliases = if plan.in_place {
-        in_place_inputs(plan.op)
+        in_place_inputs(plan.op, case.inputs.len(), specs.len())
     } else {
         Vec::new()
     };

@@ -117,8 +117,33 @@ impl Error {
     }
 }
 
-/// Formats dtypes for error messages: `[f32, i32]`.
+/// Formats dtypes for error messages and profiles: `[f32, i32]`, `[297 x f32]`.
 pub fn dtypes_str(dtypes: &[DType]) -> String {
-    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
-    format!("[{}]", names.join(", "))
+    // Runs of more than three (a group's optimizer update) as `297 x f32`.
+    let mut parts = Vec::new();
+    let mut rest = dtypes;
+    while let Some(&first) = rest.first() {
+        let run = rest.iter().take_while(|&&d| d == first).count();
+        if run > 3 {
+            parts.push(format!("{run} x {}", first.name()));
+        } else {
+            parts.extend(std::iter::repeat_n(first.name().to_string(), run));
+        }
+        rest = &rest[run..];
+    }
+    format!("[{}]", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_lists_shorten_long_runs() {
+        use DType::*;
+        assert_eq!(dtypes_str(&[F32, I32]), "[f32, i32]");
+        assert_eq!(dtypes_str(&[F16, F16, F16, F32]), "[f16, f16, f16, f32]");
+        let group = [vec![BF16; 12], vec![F32]].concat();
+        assert_eq!(dtypes_str(&group), "[12 x bf16, f32]");
+    }
 }

@@ -1,8 +1,10 @@
 //! Optimizer updates (Adam/AdamW, SGD) and the squared norm of many tensors
-//! (`kernels/optim.hip`). Updates run a thread per element in place; the norm sums chunks of
+//! (`kernels/optim.hip`). Updates run a thread per element in place, Adam a group's
+//! parameters 16 to a launch; the norm sums chunks of
 //! each tensor into partials, which one block then adds up, so the result has the same bits
 //! every run.
 
+use tessera_core::ops::updated_params;
 use tessera_core::{DType, Op, Result, TensorRef};
 
 use super::{cxx_type, unsupported};
@@ -12,9 +14,10 @@ use crate::params::hip_params;
 
 const SRC: &str = include_str!("../../kernels/optim.hip");
 
-/// Tensors one launch of the squares kernel reads.
+/// Tensors one launch of the squares kernel reads, and parameters one Adam launch updates.
 const MAX_TENSORS: usize = 16;
-/// Elements each block of the squares kernel sums into one partial.
+/// Elements each block of the squares kernel sums into one partial, and each block of the
+/// Adam kernel updates.
 const CHUNK: usize = 4096;
 /// Threads of the update and reduction blocks.
 const THREADS: u32 = 256;
@@ -23,15 +26,19 @@ hip_params! {
     /// Adam's parameters; what changes from step to step is read from `step_values` (grad
     /// scale, step size, decay, sqrt of bias correction 2).
     AdamParams {
-        param: u64,
-        grad: u64,
-        m: u64,
-        v: u64,
+        param: [u64; MAX_TENSORS],
+        grad: [u64; MAX_TENSORS],
+        m: [u64; MAX_TENSORS],
+        v: [u64; MAX_TENSORS],
+        param_out: [u64; MAX_TENSORS],
+        m_out: [u64; MAX_TENSORS],
+        v_out: [u64; MAX_TENSORS],
+        elements: [u64; MAX_TENSORS],
+        chunk0: [u64; MAX_TENSORS],
         step_values: u64,
-        param_out: u64,
-        m_out: u64,
-        v_out: u64,
-        elements: u64,
+        chunks: u64,
+        chunk: u64,
+        count: u32,
         beta1: f32,
         beta2: f32,
         /// 1 - beta1 and 1 - beta2.
@@ -143,33 +150,7 @@ pub(crate) fn launch(
     match op {
         Op::AdamUpdate {
             decoupled_weight_decay: decoupled,
-        } => {
-            let n = inputs[0].layout.numel();
-            if n == 0 {
-                return Ok(());
-            }
-            let [beta1, beta2, eps, wd] = [s[0], s[1], s[2], s[3]];
-            let params = AdamParams {
-                param: gpu.ptr(&inputs[0])?,
-                grad: gpu.ptr(&inputs[1])?,
-                m: gpu.ptr(&inputs[2])?,
-                v: gpu.ptr(&inputs[3])?,
-                step_values: gpu.ptr(&inputs[4])?,
-                param_out: gpu.ptr(&outputs[0])?,
-                m_out: gpu.ptr(&outputs[1])?,
-                v_out: gpu.ptr(&outputs[2])?,
-                elements: n as u64,
-                beta1: beta1 as f32,
-                beta2: beta2 as f32,
-                c1: (1.0 - beta1) as f32,
-                c2: (1.0 - beta2) as f32,
-                eps: eps as f32,
-                weight_decay: wd as f32,
-            };
-            let key = format!("adam:{dtype}:{decoupled}");
-            let source = || Ok(adam_source(dtype, *decoupled));
-            gpu.run(&key, source, grid_for(n, THREADS), &params)
-        }
+        } => adam(gpu, *decoupled, inputs, outputs, s),
         Op::SgdUpdate { momentum, nesterov } => {
             let n = inputs[0].layout.numel();
             if n == 0 {
@@ -201,6 +182,61 @@ pub(crate) fn launch(
         Op::SquaredNorm => squared_norm(gpu, inputs, &outputs[0]),
         _ => Err(unsupported(gpu, op)),
     }
+}
+
+/// A group's Adam update: its parameters [`MAX_TENSORS`] at a time, each launch's blocks
+/// over chunks of all of them.
+fn adam(
+    gpu: &Gpu,
+    decoupled: bool,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let dtype = inputs[0].dtype;
+    let params = updated_params(
+        &Op::AdamUpdate {
+            decoupled_weight_decay: decoupled,
+        },
+        inputs.len(),
+    );
+    let [beta1, beta2, eps, wd] = [s[0], s[1], s[2], s[3]];
+    let live: Vec<usize> = (0..params)
+        .filter(|&p| inputs[p].layout.numel() > 0)
+        .collect();
+    let key = format!("adam:{dtype}:{decoupled}");
+    for group in live.chunks(MAX_TENSORS) {
+        let mut launch = AdamParams {
+            step_values: gpu.ptr(&inputs[inputs.len() - 1])?,
+            chunk: CHUNK as u64,
+            count: group.len() as u32,
+            beta1: beta1 as f32,
+            beta2: beta2 as f32,
+            c1: (1.0 - beta1) as f32,
+            c2: (1.0 - beta2) as f32,
+            eps: eps as f32,
+            weight_decay: wd as f32,
+            ..AdamParams::default()
+        };
+        let mut chunks = 0;
+        for (t, &p) in group.iter().enumerate() {
+            let n = inputs[p].layout.numel();
+            launch.param[t] = gpu.ptr(&inputs[p])?;
+            launch.grad[t] = gpu.ptr(&inputs[params + p])?;
+            launch.m[t] = gpu.ptr(&inputs[2 * params + p])?;
+            launch.v[t] = gpu.ptr(&inputs[3 * params + p])?;
+            launch.param_out[t] = gpu.ptr(&outputs[p])?;
+            launch.m_out[t] = gpu.ptr(&outputs[params + p])?;
+            launch.v_out[t] = gpu.ptr(&outputs[2 * params + p])?;
+            launch.elements[t] = n as u64;
+            launch.chunk0[t] = chunks as u64;
+            chunks += n.div_ceil(CHUNK);
+        }
+        launch.chunks = chunks as u64;
+        let grid = grid_for(chunks * THREADS as usize, THREADS);
+        gpu.run(&key, || Ok(adam_source(dtype, decoupled)), grid, &launch)?;
+    }
+    Ok(())
 }
 
 /// Sums of squares of each tensor's chunks into partials (in tensor order, then chunk

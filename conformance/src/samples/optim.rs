@@ -4,7 +4,7 @@
 use tessera::ops::adam_factors;
 use tessera::{DType, Op};
 
-use super::{fixed, input, uniform, Gen, Input, Sample, View};
+use super::{fixed, input, stats, uniform, Gen, Input, Sample, View};
 
 const SHAPES: [&[usize]; 5] = [&[17], &[33, 9], &[0], &[1030], &[70_000]];
 
@@ -24,10 +24,7 @@ pub(super) fn adam(decoupled_weight_decay: bool) -> Vec<Sample> {
         1.0 - beta1.powi(step),
         1.0 - beta2.powi(step),
     );
-    let step_values = || {
-        let values = [0.5, step_size, decay, bc2_sqrt].map(f64::from).to_vec();
-        fixed(&[4], DType::F32, Gen::Values(values))
-    };
+    let step_values = || stats(&[4], Gen::Values(vec![0.5, step_size, decay, bc2_sqrt]));
     let mut out = Vec::new();
     for shape in SHAPES {
         for in_place in [false, true] {
@@ -46,6 +43,32 @@ pub(super) fn adam(decoupled_weight_decay: bool) -> Vec<Sample> {
                 .scalars(&scalars);
             out.push(if in_place { s.in_place() } else { s });
         }
+    }
+    // A group's parameters in one launch: inputs by role (params, grads, m, v), then the
+    // step's values.
+    let group: [&[usize]; 4] = [&[17], &[0], &[33, 9], &[70_000]];
+    for in_place in [false, true] {
+        let role = |gen: fn() -> Gen| group.iter().map(move |shape| input(shape, gen()));
+        let inputs: Vec<Input> = role(|| uniform(-1.0, 1.0))
+            .map(|i| {
+                i.view(if in_place {
+                    View::Offset(5)
+                } else {
+                    View::Contiguous
+                })
+            })
+            .chain(role(|| uniform(-1.0, 1.0)))
+            .chain(role(|| uniform(-0.1, 0.1)))
+            .chain(role(|| uniform(1e-4, 1e-2)))
+            .chain([step_values()])
+            .collect();
+        let s = Sample::new(
+            op.clone(),
+            format!("a group of {:?} in place {in_place}", group),
+            inputs,
+        )
+        .scalars(&scalars);
+        out.push(if in_place { s.in_place() } else { s });
     }
     out
 }

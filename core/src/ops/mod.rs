@@ -519,7 +519,7 @@ impl Op {
             AttentionBackward { .. } => 6,
             CachedAttention => 4,
             CrossEntropyBackward => 4,
-            AdamUpdate { .. } => 5,
+            AdamUpdate { .. } => return None,
             SgdUpdate { momentum, .. } => 3 + usize::from(*momentum),
             Conv2d { bias, .. } => 2 + usize::from(*bias),
             Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => 2,
@@ -665,9 +665,10 @@ pub fn validate_launch(
             ));
         }
     }
+    let params = updated_params(op, inputs.len());
     for (oi, o) in outputs.iter().enumerate() {
         for (ii, i) in inputs.iter().enumerate() {
-            let in_place = in_place_input(op, oi) == Some(ii) && i.layout == o.layout;
+            let in_place = in_place_input(op, params, oi) == Some(ii) && i.layout == o.layout;
             if !in_place && overlaps(o, i) {
                 return Err(Error::invalid(
                     &name,
@@ -703,14 +704,24 @@ pub fn validate_kernel_launch(
     Ok(())
 }
 
-/// The input that output `output` of an in-place op may share: the parameter is input and
-/// output 0, and the optimizer state after it (`m`, `v` or the momentum buffer) is output `k`
-/// and input `k + 1`, past the gradient.
-fn in_place_input(op: &Op, output: usize) -> Option<usize> {
+/// The input that output `output` of an in-place op may share, for an op over `params`
+/// parameters (one but for a group's `AdamUpdate`): the parameters are inputs and outputs
+/// `0..params`, and the optimizer state after them (`m`, `v` or the momentum buffer) is
+/// output `k` and input `k + params`, past the gradients.
+pub fn in_place_input(op: &Op, params: usize, output: usize) -> Option<usize> {
     match output {
         _ if !op.updates_in_place() => None,
-        0 => Some(0),
-        k => Some(k + 1),
+        k if k < params => Some(k),
+        k => Some(k + params),
+    }
+}
+
+/// The parameters an optimizer update over `inputs` inputs updates: `(inputs - 1) / 4` for
+/// Adam, one for the others.
+pub fn updated_params(op: &Op, inputs: usize) -> usize {
+    match op {
+        Op::AdamUpdate { .. } => inputs.saturating_sub(1) / 4,
+        _ => 1,
     }
 }
 

@@ -6,8 +6,8 @@ use super::{
     load_state_into, read_step, save_state, step_tensor, zeros_like_params, Optimizer, ParamGroup,
 };
 use crate::io::HostTensor;
-use crate::ops::adam_factors;
-use crate::{DType, Op, Result, Tensor};
+use crate::ops::{adam_factors, stats_dtype};
+use crate::{Op, Result, Tensor};
 
 /// Adam with L2 weight decay, or AdamW with decoupled weight decay (PyTorch's formulas; bias
 /// corrections computed on the host in f64).
@@ -27,7 +27,8 @@ pub struct Adam {
     m: Vec<Vec<Tensor>>,
     v: Vec<Vec<Tensor>>,
     /// Per group, `[step size, decay, sqrt of bias correction 2]` of the prepared step
-    /// (`ops::adam_factors`), f32 on the parameters' device; `None` for an empty group.
+    /// (`ops::adam_factors`) on the parameters' device, f32 (f64 for f64 parameters); `None`
+    /// for an empty group.
     factors: Vec<Option<Tensor>>,
 }
 
@@ -59,7 +60,7 @@ impl Adam {
             .map(|g| {
                 g.params
                     .first()
-                    .map(|(_, p)| Tensor::zeros(&[3], DType::F32, p.device()))
+                    .map(|(_, p)| Tensor::zeros(&[3], stats_dtype(p.dtype()), p.device()))
                     .transpose()
             })
             .collect::<Result<_>>()?;
@@ -85,20 +86,15 @@ impl Adam {
         for (group, factors) in self.groups.iter().zip(&self.factors) {
             let Some(factors) = factors else { continue };
             let values = adam_factors(lr * group.lr_scale, group.weight_decay, bc1, bc2);
-            let values = values.map(f64::from);
-            factors.copy_from(&Tensor::from_f64(
-                &values,
-                &[3],
-                DType::F32,
-                factors.device(),
-            )?)?;
+            let values = Tensor::from_f64(&values, &[3], factors.dtype(), factors.device())?;
+            factors.copy_from(&values)?;
         }
         Ok(())
     }
 
-    /// Queues the prepared step's update of every parameter that has a gradient, reading
-    /// gradients multiplied by `grad_scale` (`[1]` f32 on the parameters' device). The same
-    /// launches every step: what changes comes from the device.
+    /// Queues the prepared step's update of every parameter that has a gradient, one op per
+    /// group, reading gradients multiplied by `grad_scale` (`[1]` f32 on the parameters'
+    /// device). The same launches every step: what changes comes from the device.
     pub fn apply_step(&self, grad_scale: &Tensor) -> Result<()> {
         let op = Op::AdamUpdate {
             decoupled_weight_decay: self.decoupled,
@@ -108,12 +104,32 @@ impl Adam {
                 continue;
             };
             let scalars = [self.beta1, self.beta2, self.eps, group.weight_decay];
-            let step_values = Tensor::cat(&[grad_scale, factors], 0)?;
+            let grad_scale = grad_scale.to_dtype(factors.dtype())?;
+            let step_values = Tensor::cat(&[&grad_scale, factors], 0)?;
+            let mut updated = Vec::new();
+            let mut grads = Vec::new();
             for (pi, (_, p)) in group.params.iter().enumerate() {
-                let Some(grad) = p.grad() else { continue };
-                let (m, v) = (&self.m[gi][pi], &self.v[gi][pi]);
-                Tensor::apply_in_place(&op, &[p, &grad, m, v, &step_values], &[p, m, v], &scalars)?;
+                if let Some(grad) = p.grad() {
+                    updated.push(pi);
+                    grads.push(grad);
+                }
             }
+            if updated.is_empty() {
+                continue;
+            }
+            let params: Vec<&Tensor> = updated.iter().map(|&pi| &group.params[pi].1).collect();
+            let m: Vec<&Tensor> = updated.iter().map(|&pi| &self.m[gi][pi]).collect();
+            let v: Vec<&Tensor> = updated.iter().map(|&pi| &self.v[gi][pi]).collect();
+            let inputs: Vec<&Tensor> = params
+                .iter()
+                .copied()
+                .chain(&grads)
+                .chain(m.iter().copied())
+                .chain(v.iter().copied())
+                .chain([&step_values])
+                .collect();
+            let outputs: Vec<&Tensor> = params.iter().chain(&m).chain(&v).copied().collect();
+            Tensor::apply_in_place(&op, &inputs, &outputs, &scalars)?;
         }
         Ok(())
     }

@@ -40,6 +40,7 @@ mod rows;
 
 pub use part::{binding_window, flat_part, too_large, Part, PartLauncher};
 
+use crate::ops::updated_params;
 use crate::{Op, Result, TensorRef};
 
 use flat::{flat_ranges, halve};
@@ -71,6 +72,9 @@ pub fn launch(
         | Where
         | SwiGlu
         | SwiGluBackward => halve(dev, op, inputs, outputs, s),
+        AdamUpdate { .. } if updated_params(op, inputs.len()) > 1 => {
+            each_param(dev, op, inputs, outputs, s)
+        }
         Fill { .. }
         | Arange { .. }
         | RandUniform { .. }
@@ -102,4 +106,29 @@ pub fn launch(
         | Conv2dBackwardData { .. }
         | Conv2dBackwardWeight { .. } => Err(too_large(dev, op, inputs, outputs)),
     }
+}
+
+/// An update of a group of parameters that does not fit one launch, as one update per
+/// parameter (each over flat ranges where it does not fit either).
+fn each_param(
+    dev: &dyn PartLauncher,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let params = updated_params(op, inputs.len());
+    let roles_in = (inputs.len() - 1) / params;
+    let roles_out = outputs.len() / params;
+    for p in 0..params {
+        let mut ins: Vec<TensorRef<'_>> = (0..roles_in)
+            .map(|r| inputs[r * params + p].clone())
+            .collect();
+        ins.push(inputs[inputs.len() - 1].clone());
+        let outs: Vec<TensorRef<'_>> = (0..roles_out)
+            .map(|r| outputs[r * params + p].clone())
+            .collect();
+        launch(dev, op, &ins, &outs, s)?;
+    }
+    Ok(())
 }

@@ -70,11 +70,9 @@ pub(crate) fn launch(
         Op::AdamUpdate { .. } if updated_params(op, inputs.len()) > 1 => {
             let params = updated_params(op, inputs.len());
             for p in 0..params {
-                let mut ins: Vec<TensorRef<'_>> =
-                    (0..4).map(|r| inputs[r * params + p].clone()).collect();
-                ins.push(inputs[inputs.len() - 1].clone());
-                let outs: Vec<TensorRef<'_>> =
-                    (0..3).map(|r| outputs[r * params + p].clone()).collect();
+                let mut ins: Vec<TensorRef<'_>> = (0..4).map(|r| inputs[r * params + p]).collect();
+                ins.push(inputs[inputs.len() - 1]);
+                let outs: Vec<TensorRef<'_>> = (0..3).map(|r| outputs[r * params + p]).collect();
                 launch(gpu, op, &ins, &outs, s)?;
             }
             Ok(())

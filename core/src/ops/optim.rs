@@ -8,9 +8,9 @@
 //! - `AdamUpdate { decoupled_weight_decay }`: the parameters of a group in one launch:
 //!   `(param_1..param_n, grad_1..grad_n, m_1..m_n, v_1..v_n, step)` to
 //!   `(param_1..param_n, m_1..m_n, v_1..v_n)`, n >= 1, each parameter's four tensors of one
-//!   shape, all of one float dtype; each parameter updates on its own. Scalars `beta1, beta2, eps, weight_decay`. What
-//!   changes from step to step comes from the device, so that a recorded step replays with
-//!   new values: `step` is `[4]` of the statistics dtype (f32; f64 for f64 parameters),
+//!   shape, all of one float dtype; each parameter updates on its own. Scalars `beta1,
+//!   beta2, eps, weight_decay`. What changes from step to step comes from the device, so
+//!   that a recorded step replays with new values: `step` is `[4]` of the statistics dtype (f32; f64 for f64 parameters),
 //!   `[grad_scale, step_size, decay, sqrt_bc2]`, the last three `[lr / bias_correction1,
 //!   1 - lr * weight_decay, sqrt(bias_correction2)]` formed on the host in f64 from the
 //!   corrections `1 - beta^t` ([`adam_factors`]) and rounded once to that dtype.
@@ -45,7 +45,7 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
     // Inputs per parameter: (param, grad, m, v) for Adam, one tensor per role, the roles in
     // blocks of `params`; SGD updates one parameter.
     let params = match op {
-        Op::AdamUpdate { .. } if state.len() % 4 == 0 => state.len() / 4,
+        Op::AdamUpdate { .. } if state.len().is_multiple_of(4) => state.len() / 4,
         Op::AdamUpdate { .. } => {
             return Err(Error::invalid(
                 name,

@@ -1,9 +1,12 @@
 //! Optimizers, gradient clipping, learning-rate schedules and loss scaling.
 //!
-//! Updates run as one catalog op per parameter, in place on the parameter's storage, and read
-//! every gradient through a `[1]` device scalar (`grad_scale`) so that clipping and loss-scale
-//! removal need no host round trip. State tensors are named after their parameter, which is
-//! what checkpoints store.
+//! Updates run in place on the parameters' storage, Adam as one catalog op per parameter
+//! group and SGD as one per parameter, and read every gradient through a `[1]` device scalar
+//! (`grad_scale`) so that clipping and loss-scale removal need no host round trip. Adam also
+//! reads what changes from step to step (learning rate, bias corrections) from the device, so
+//! a recorded training step replays with each step's values; SGD takes its learning rate as a
+//! launch value, which a recording would keep. State tensors are named after their
+//! parameter, which is what checkpoints store.
 
 mod adam;
 mod clip;

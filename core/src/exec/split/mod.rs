@@ -121,13 +121,9 @@ fn each_param(
     let roles_in = (inputs.len() - 1) / params;
     let roles_out = outputs.len() / params;
     for p in 0..params {
-        let mut ins: Vec<TensorRef<'_>> = (0..roles_in)
-            .map(|r| inputs[r * params + p].clone())
-            .collect();
-        ins.push(inputs[inputs.len() - 1].clone());
-        let outs: Vec<TensorRef<'_>> = (0..roles_out)
-            .map(|r| outputs[r * params + p].clone())
-            .collect();
+        let mut ins: Vec<TensorRef<'_>> = (0..roles_in).map(|r| inputs[r * params + p]).collect();
+        ins.push(inputs[inputs.len() - 1]);
+        let outs: Vec<TensorRef<'_>> = (0..roles_out).map(|r| outputs[r * params + p]).collect();
         launch(dev, op, &ins, &outs, s)?;
     }
     Ok(())

@@ -4,7 +4,7 @@
 //! owned vector before any output is written.
 
 use rayon::prelude::*;
-use tessera_core::ops::updated_params;
+use tessera_core::ops::{per_param_operands, updated_params};
 use tessera_core::{Op, Result, TensorRef};
 
 use crate::buffer::{read, write};
@@ -18,12 +18,8 @@ pub(crate) fn launch(
     s: &[f64],
 ) -> Result<()> {
     // A group's Adam update: each parameter on its own.
-    let params = updated_params(op, inputs.len());
-    if params > 1 {
-        for p in 0..params {
-            let mut ins: Vec<TensorRef<'_>> = (0..4).map(|r| inputs[r * params + p]).collect();
-            ins.push(inputs[inputs.len() - 1]);
-            let outs: Vec<TensorRef<'_>> = (0..3).map(|r| outputs[r * params + p]).collect();
+    if updated_params(op, inputs.len()) > 1 {
+        for (ins, outs) in per_param_operands(op, inputs, outputs) {
             launch(op, &ins, &outs, s)?;
         }
         return Ok(());

@@ -1,7 +1,7 @@
 //! Optimizer updates in place, and the global squared norm by per-chunk partial sums summed
 //! by one workgroup (fixed order, no atomics).
 
-use tessera_core::ops::updated_params;
+use tessera_core::ops::{per_param_operands, updated_params};
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::gpu::{Gpu, Planner};
@@ -68,11 +68,7 @@ pub(crate) fn launch(
     match op {
         // A group's update, a launch per parameter (one launch binds at most eight buffers).
         Op::AdamUpdate { .. } if updated_params(op, inputs.len()) > 1 => {
-            let params = updated_params(op, inputs.len());
-            for p in 0..params {
-                let mut ins: Vec<TensorRef<'_>> = (0..4).map(|r| inputs[r * params + p]).collect();
-                ins.push(inputs[inputs.len() - 1]);
-                let outs: Vec<TensorRef<'_>> = (0..3).map(|r| outputs[r * params + p]).collect();
+            for (ins, outs) in per_param_operands(op, inputs, outputs) {
                 launch(gpu, op, &ins, &outs, s)?;
             }
             Ok(())

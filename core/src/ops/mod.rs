@@ -725,6 +725,27 @@ pub fn updated_params(op: &Op, inputs: usize) -> usize {
     }
 }
 
+/// A group's optimizer update as one update per parameter: for each, its inputs (one per
+/// role, then the shared last input) and its outputs. For backends (and parts) that update
+/// parameters one at a time.
+pub fn per_param_operands<'a>(
+    op: &Op,
+    inputs: &[TensorRef<'a>],
+    outputs: &[TensorRef<'a>],
+) -> Vec<(Vec<TensorRef<'a>>, Vec<TensorRef<'a>>)> {
+    let params = updated_params(op, inputs.len()).max(1);
+    let (roles_in, roles_out) = ((inputs.len() - 1) / params, outputs.len() / params);
+    (0..params)
+        .map(|p| {
+            let mut ins: Vec<TensorRef<'a>> =
+                (0..roles_in).map(|r| inputs[r * params + p]).collect();
+            ins.push(inputs[inputs.len() - 1]);
+            let outs = (0..roles_out).map(|r| outputs[r * params + p]).collect();
+            (ins, outs)
+        })
+        .collect()
+}
+
 fn overlaps(a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
     if !std::ptr::addr_eq(
         std::sync::Arc::as_ptr(a.buffer),

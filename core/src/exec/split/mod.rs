@@ -40,7 +40,7 @@ mod rows;
 
 pub use part::{binding_window, flat_part, too_large, Part, PartLauncher};
 
-use crate::ops::updated_params;
+use crate::ops::{per_param_operands, updated_params};
 use crate::{Op, Result, TensorRef};
 
 use flat::{flat_ranges, halve};
@@ -117,13 +117,7 @@ fn each_param(
     outputs: &[TensorRef<'_>],
     s: &[f64],
 ) -> Result<()> {
-    let params = updated_params(op, inputs.len());
-    let roles_in = (inputs.len() - 1) / params;
-    let roles_out = outputs.len() / params;
-    for p in 0..params {
-        let mut ins: Vec<TensorRef<'_>> = (0..roles_in).map(|r| inputs[r * params + p]).collect();
-        ins.push(inputs[inputs.len() - 1]);
-        let outs: Vec<TensorRef<'_>> = (0..roles_out).map(|r| outputs[r * params + p]).collect();
+    for (ins, outs) in per_param_operands(op, inputs, outputs) {
         launch(dev, op, &ins, &outs, s)?;
     }
     Ok(())

@@ -749,6 +749,363 @@ KERNEL void __launch_bounds__(128, 3) dkv_mma(const Params p) {
 #endif
 #endif
 
+#if defined(TILED) && defined(TESSERA_NVIDIA)
+// Attention in f32 on the CUDA cores, tiled for reuse: 256 threads per block, each holding a
+// 4 x 4 share of a 64 x 64 tile of scores and 4 rows of D / 16 columns of what it sums, so a
+// pair of 16-byte shared loads feeds 16 multiply-adds (a thread per row fed one). The same
+// passes as the tensor-core kernels: `forward_tiled` with an online softmax, `dq_tiled` (which
+// leaves delta_i = dout_i . out_i for the keys' pass), then `dkv_tiled`, each recomputing the
+// scores it needs. Products sum over the head dim and over rows in the CPU's order. D: the
+// head dim (queries', keys' and values', a multiple of 64 up to 128). Tiles sit in dynamic
+// shared memory (`tiled_shared_bytes` in ops/attention.rs) as columns (`[d][row]`, rows padded
+// to LDT) for the scores' products and as rows (`[row][d]`, padded to LDR) for the sums over
+// rows.
+#define LDT 68
+#define LDR (D + 4)
+#define OC (D / 16)
+#define TLOG2E 1.4426950408889634f
+
+struct alignas(16) f4 { float x, y, z, w; };
+DEV f4 ld4(const float* p) { return *(const f4*)p; }
+DEV void st4(float* p, f4 v) { *(f4*)p = v; }
+
+// Rows `first..first + 64` of a row-major [rows, D] matrix into `cols` as columns
+// (cols[d * LDT + r]) and into `rows` as rows (rows[r * LDR + d]), as COLS and ROWS ask; rows
+// at or past `count` become zeros. A warp takes 16 rows by two groups of 4 columns: 32-byte
+// reads per row, and column writes that fall in distinct banks.
+template <bool COLS, bool ROWM>
+DEV void fill_tile(float* cols, float* rows, const float* src, u32 first, u32 count) {
+    constexpr u32 G = D / 4;
+    for (u32 e = threadIdx.x; e < 64 * G; e += 256) {
+        const u32 r = e % 16 + 16 * (e / (16 * G));
+        const u32 c = (e / 16) % G;
+        f4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (first + r < count) v = ld4(src + (u64)(first + r) * D + 4 * c);
+        if (COLS) {
+            cols[(4 * c + 0) * LDT + r] = v.x;
+            cols[(4 * c + 1) * LDT + r] = v.y;
+            cols[(4 * c + 2) * LDT + r] = v.z;
+            cols[(4 * c + 3) * LDT + r] = v.w;
+        }
+        if (ROWM) st4(rows + r * LDR + 4 * c, v);
+    }
+}
+
+// acc[a][b] += sum over k < K of x[k][4 ty + a] * y[k][4 tx + b], both operands columns of
+// 64-row tiles: the thread's share of a 64 x 64 product over K.
+template <int K>
+DEV void product_cols(float acc[4][4], const float* x, const float* y, u32 tx, u32 ty) {
+#pragma unroll 8
+    for (int k = 0; k < K; ++k) {
+        const f4 a4 = ld4(x + k * LDT + 4 * ty), b4 = ld4(y + k * LDT + 4 * tx);
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+        }
+    }
+}
+
+// acc[a][4 m + b] += sum over k < 64 of x[k][4 ty + a] * y[k][4 tx + 64 m + b]: x the columns
+// of a 64 x 64 tile, y a 64-row tile of rows: the thread's 4 rows of a 64 x D product.
+DEV void product_rows(float acc[4][OC], const float* x, const float* y, u32 tx, u32 ty) {
+#pragma unroll 4
+    for (int k = 0; k < 64; ++k) {
+        const f4 a4 = ld4(x + k * LDT + 4 * ty);
+        const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+        for (int m = 0; m < D / 64; ++m) {
+            const f4 b4 = ld4(y + k * LDR + 4 * tx + 64 * m);
+            const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][4 * m + j] += a[i] * b[j];
+            }
+        }
+    }
+}
+
+// Writes the thread's share of a 64 x 64 tile transposed, as columns: t[4 tx + b][4 ty + a].
+DEV void store_transposed(float* t, const float v[4][4], u32 tx, u32 ty) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) st4(t + (4 * tx + b) * LDT + 4 * ty, {v[0][b], v[1][b], v[2][b], v[3][b]});
+}
+
+// Sums (or takes the maximum of) a value over the 16 threads that share a row.
+DEV float row_sum(float v) {
+#pragma unroll
+    for (int o = 1; o < 16; o *= 2) v += shfl_xor(v, o);
+    return v;
+}
+DEV float row_max(float v) {
+#pragma unroll
+    for (int o = 1; o < 16; o *= 2) v = fmaxf(v, shfl_xor(v, o));
+    return v;
+}
+
+// Stores the thread's 4 rows of a 64 x D result times `mul`: row i0 + 4 ty + a of `out` (D
+// wide) where it is below `count`.
+DEV void store_result(float* out, const float acc[4][OC], float mul, u32 i0, u32 count, u32 tx, u32 ty) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const u32 i = i0 + 4 * ty + a;
+        if (i >= count) continue;
+#pragma unroll
+        for (int m = 0; m < D / 64; ++m) {
+            const float* v = acc[a] + 4 * m;
+            st4(out + (u64)i * D + 4 * tx + 64 * m, {v[0] * mul, v[1] * mul, v[2] * mul, v[3] * mul});
+        }
+    }
+}
+
+#if defined(FORWARD_TILED)
+// 64 query rows per block, the heaviest (last, under a causal mask) first; keys in tiles of
+// 64: scores S = Q K^T, then the running maximum and sum per row and O += P V.
+KERNEL void __launch_bounds__(256) forward_tiled(const Params p) {
+    start_after_previous();
+    extern __shared__ f4 tiles[];
+    float* qt = (float*)tiles;
+    float* kt = qt + D * LDT;
+    float* vs = kt + D * LDT;
+    float* pt = vs + 64 * LDR;
+    const u32 tq = p.q_len;
+    const u32 blocks = (tq + 63) / 64;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 total = (u64)p.batch * p.heads * blocks;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const float scale2 = p.scale * TLOG2E;
+    for (u64 t = block_index(); t < total; t += block_count()) {
+        const u64 bh = t / blocks;
+        const u32 i0 = (blocks - 1 - (u32)(t % blocks)) * 64;
+        const u64 b = bh / p.heads, g = (bh % p.heads) / group;
+        const float* kh = (const float*)k_head(p, b, g);
+        const float* vh = (const float*)v_head(p, b, g);
+        const u32 span = visible(p, (i0 + 64 < tq ? i0 + 64 : tq) - 1);
+        u32 lim[4];
+        float m[4], l[4], o[4][OC];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const u32 i = i0 + 4 * ty + a;
+            lim[a] = i < tq ? visible(p, i) : 0u;
+            m[a] = -inf_f();
+            l[a] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < OC; ++c) o[a][c] = 0.0f;
+        }
+        __syncthreads();
+        fill_tile<true, false>(qt, nullptr, (const float*)p.q + bh * tq * D, i0, tq);
+        for (u32 j0 = 0; j0 < span; j0 += 64) {
+            // The previous tile's readers are done.
+            __syncthreads();
+            fill_tile<true, false>(kt, nullptr, kh, j0, p.k_len);
+            fill_tile<false, true>(nullptr, vs, vh, j0, p.k_len);
+            __syncthreads();
+            float s[4][4] = {};
+            product_cols<D>(s, qt, kt, tx, ty);
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                float top = -inf_f();
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    s[a][c] = j0 + 4 * tx + c < lim[a] ? s[a][c] * scale2 : -inf_f();
+                    top = fmaxf(top, s[a][c]);
+                }
+                const float mn = fmaxf(m[a], row_max(top));
+                // Rows that have seen no key yet keep zeros (and no inf - inf).
+                const float base = mn == -inf_f() ? 0.0f : mn;
+                const float alpha = exp2f(m[a] - base);
+                l[a] *= alpha;
+#pragma unroll
+                for (int c = 0; c < OC; ++c) o[a][c] *= alpha;
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    s[a][c] = exp2f(s[a][c] - base);
+                    l[a] += s[a][c];
+                }
+                m[a] = mn;
+            }
+            store_transposed(pt, s, tx, ty);
+            __syncthreads();
+            product_rows(o, pt, vs, tx, ty);
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            l[a] = row_sum(l[a]);
+#pragma unroll
+            for (int c = 0; c < OC; ++c) o[a][c] = l[a] > 0.0f ? o[a][c] / l[a] : 0.0f;
+            const u32 i = i0 + 4 * ty + a;
+            if (tx == 0 && i < tq) {
+                ((float*)p.lse)[bh * tq + i] = l[a] > 0.0f ? (m[a] + log2f(l[a])) / TLOG2E : -inf_f();
+            }
+        }
+        store_result((float*)p.out + bh * tq * D, o, 1.0f, i0, tq, tx, ty);
+    }
+}
+#endif
+
+#if defined(DQ_TILED)
+// dQ for 64 query rows per block (the heaviest first): delta_i = dout_i . out_i, left for
+// `dkv_tiled`, then per tile of 64 keys S = Q K^T and dP = dout V^T,
+// dS = P (dP - delta) with P = exp(scale S - lse), and dQ += dS K.
+KERNEL void __launch_bounds__(256) dq_tiled(const Params p) {
+    start_after_previous();
+    extern __shared__ f4 tiles[];
+    float* qt = (float*)tiles;
+    float* gt = qt + D * LDT;
+    float* kt = gt + D * LDT;
+    float* vt = kt + D * LDT;
+    float* ks = vt + D * LDT;
+    float* dst = ks + 64 * LDR;
+    const u32 tq = p.q_len;
+    const u32 blocks = (tq + 63) / 64;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 total = (u64)p.batch * p.heads * blocks;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const float scale2 = p.scale * TLOG2E;
+    for (u64 t = block_index(); t < total; t += block_count()) {
+        const u64 bh = t / blocks;
+        const u32 i0 = (blocks - 1 - (u32)(t % blocks)) * 64;
+        const u64 b = bh / p.heads, g = (bh % p.heads) / group;
+        const float* kh = (const float*)k_head(p, b, g);
+        const float* vh = (const float*)v_head(p, b, g);
+        const float* outh = (const float*)p.out + bh * tq * D;
+        const float* douth = (const float*)p.dout + bh * tq * D;
+        const u32 span = visible(p, (i0 + 64 < tq ? i0 + 64 : tq) - 1);
+        u32 lim[4];
+        float lse2[4], delta[4], dq[4][OC];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            const u32 i = i0 + 4 * ty + a;
+            const bool live = i < tq;
+            lim[a] = live ? visible(p, i) : 0u;
+            lse2[a] = live ? ((const float*)p.lse)[bh * tq + i] * TLOG2E : 0.0f;
+            float part = 0.0f;
+            if (live) {
+#pragma unroll
+                for (int mm = 0; mm < D / 64; ++mm) {
+                    const u64 at = (u64)i * D + 4 * tx + 64 * mm;
+                    const f4 x = ld4(douth + at), y = ld4(outh + at);
+                    part += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+                }
+            }
+            delta[a] = row_sum(part);
+            if (live && tx == 0) ((float*)p.delta)[bh * tq + i] = delta[a];
+#pragma unroll
+            for (int c = 0; c < OC; ++c) dq[a][c] = 0.0f;
+        }
+        __syncthreads();
+        fill_tile<true, false>(qt, nullptr, (const float*)p.q + bh * tq * D, i0, tq);
+        fill_tile<true, false>(gt, nullptr, douth, i0, tq);
+        for (u32 j0 = 0; j0 < span; j0 += 64) {
+            __syncthreads();
+            fill_tile<true, true>(kt, ks, kh, j0, p.k_len);
+            fill_tile<true, false>(vt, nullptr, vh, j0, p.k_len);
+            __syncthreads();
+            float s[4][4] = {}, dp[4][4] = {};
+            product_cols<D>(s, qt, kt, tx, ty);
+            product_cols<D>(dp, gt, vt, tx, ty);
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const float pj = j0 + 4 * tx + c < lim[a] ? exp2f(s[a][c] * scale2 - lse2[a]) : 0.0f;
+                    s[a][c] = pj * (dp[a][c] - delta[a]);
+                }
+            }
+            store_transposed(dst, s, tx, ty);
+            __syncthreads();
+            product_rows(dq, dst, ks, tx, ty);
+        }
+        store_result((float*)p.dq + bh * tq * D, dq, p.scale, i0, tq, tx, ty);
+    }
+}
+#endif
+
+#if defined(DKV_TILED)
+// dK and dV for 64 key rows of one key/value head per block: the query rows of every head of
+// its group stream through in tiles of 64, in order; per tile S^T = K Q^T and
+// dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q (scaled once at the end), with delta
+// from `dq_tiled`.
+KERNEL void __launch_bounds__(256) dkv_tiled(const Params p) {
+    start_after_previous();
+    extern __shared__ f4 tiles[];
+    float* kt = (float*)tiles;
+    float* vt = kt + D * LDT;
+    float* qt = vt + D * LDT;
+    float* gt = qt + D * LDT;
+    float* qs = gt + D * LDT;
+    float* gs = qs + 64 * LDR;
+    float* ps = gs + 64 * LDR;
+    float* lse_col = ps + 64 * LDT;
+    float* delta_col = lse_col + 64;
+    const u32 tq = p.q_len, tk = p.k_len;
+    const u32 blocks = (tk + 63) / 64;
+    const u32 group = p.heads / p.kv_heads;
+    const u64 total = (u64)p.batch * p.kv_heads * blocks;
+    const u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const float scale2 = p.scale * TLOG2E;
+    for (u64 t = block_index(); t < total; t += block_count()) {
+        const u64 bg = t / blocks;
+        const u32 j0 = (u32)(t % blocks) * 64;
+        const u64 b = bg / p.kv_heads, g = bg % p.kv_heads;
+        // Query i sees key j when j + Tq <= i + Tk: the first query the block's keys meet,
+        // and the query tiles from there on, head after head of the group.
+        const u32 first = (p.causal && j0 + tq > tk) ? j0 + tq - tk : 0;
+        const u32 per_head = first < tq ? (tq - first + 63) / 64 : 0;
+        const u32 steps = per_head * group;
+        u32 keys[4];
+        float dk[4][OC], dv[4][OC];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            keys[a] = j0 + 4 * ty + a;
+#pragma unroll
+            for (int c = 0; c < OC; ++c) dk[a][c] = dv[a][c] = 0.0f;
+        }
+        __syncthreads();
+        fill_tile<true, false>(kt, nullptr, (const float*)k_head(p, b, g), j0, tk);
+        fill_tile<true, false>(vt, nullptr, (const float*)v_head(p, b, g), j0, tk);
+        for (u32 n = 0; n < steps; ++n) {
+            const u64 qrow0 = (b * p.heads + g * group + n / per_head) * tq;
+            const u32 i0 = first + (n % per_head) * 64;
+            __syncthreads();
+            fill_tile<true, true>(qt, qs, (const float*)p.q + qrow0 * D, i0, tq);
+            fill_tile<true, true>(gt, gs, (const float*)p.dout + qrow0 * D, i0, tq);
+            if (threadIdx.x < 64) {
+                const u32 i = i0 + threadIdx.x;
+                lse_col[threadIdx.x] = i < tq ? ((const float*)p.lse)[qrow0 + i] * TLOG2E : 0.0f;
+                delta_col[threadIdx.x] = i < tq ? ((const float*)p.delta)[qrow0 + i] : 0.0f;
+            }
+            __syncthreads();
+            float s[4][4] = {}, dp[4][4] = {};
+            product_cols<D>(s, kt, qt, tx, ty);
+            product_cols<D>(dp, vt, gt, tx, ty);
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const u32 cc = 4 * tx + c, i = i0 + cc;
+                    const bool seen = keys[a] < tk && i < tq && (!p.causal || keys[a] + tq <= i + tk);
+                    const float pj = seen ? exp2f(s[a][c] * scale2 - lse_col[cc]) : 0.0f;
+                    s[a][c] = pj;
+                    dp[a][c] = pj * (dp[a][c] - delta_col[cc]);
+                }
+            }
+            store_transposed(ps, s, tx, ty);
+            __syncthreads();
+            product_rows(dv, ps, gs, tx, ty);
+            __syncthreads();
+            store_transposed(ps, dp, tx, ty);
+            __syncthreads();
+            product_rows(dk, ps, qs, tx, ty);
+        }
+        store_result((float*)p.dk + bg * tk * D, dk, p.scale, j0, tk, tx, ty);
+        store_result((float*)p.dv + bg * tk * D, dv, 1.0f, j0, tk, tx, ty);
+    }
+}
+#endif
+#endif
 #if defined(DQ)
 // A thread per query row: delta_i (written for the key kernels), then
 // dq_i = sum_j scale * P_ij (dP_ij - delta_i) k_j with P_ij = exp(s_ij - lse_i) and

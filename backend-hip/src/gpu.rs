@@ -148,6 +148,11 @@ impl Gpu {
         self.driver.backend()
     }
 
+    /// The most shared memory one block may ask for, in bytes.
+    pub(crate) fn max_shared_bytes(&self) -> usize {
+        self.driver.max_shared_bytes()
+    }
+
     /// The kernel the planner calls `key`, compiled from `source()` the first time.
     pub(crate) fn function(
         &self,

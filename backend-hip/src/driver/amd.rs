@@ -389,6 +389,11 @@ impl Driver for AmdDriver {
         self.total_memory
     }
 
+    /// The LDS a workgroup may use on CDNA and RDNA alike.
+    fn max_shared_bytes(&self) -> usize {
+        64 * 1024
+    }
+
     fn compiler(&self) -> String {
         type Version = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
         let (mut major, mut minor) = (0, 0);

@@ -570,6 +570,10 @@ impl Driver for CudaDriver {
         self.total_memory
     }
 
+    fn max_shared_bytes(&self) -> usize {
+        self.max_shared_bytes
+    }
+
     fn compiler(&self) -> String {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: writes two ints.

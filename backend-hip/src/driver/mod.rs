@@ -75,6 +75,8 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn arch(&self) -> &str;
     /// Device memory in bytes.
     fn total_memory(&self) -> usize;
+    /// The most shared memory one block may ask for, in bytes.
+    fn max_shared_bytes(&self) -> usize;
     /// The compiler's name and version, part of the key of compiled kernels on disk.
     fn compiler(&self) -> String;
     /// Compiles `source` for [`Driver::arch`]; the error is the compiler's log.

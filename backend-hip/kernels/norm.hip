@@ -151,6 +151,152 @@ KERNEL void norm_dx(const Params p) {
     }
 }
 
+#if defined(KV)
+// The whole backward for rows of 16-byte groups (V elements of T, at most KV groups per lane),
+// a warp per row: each lane holds its groups of x and dy (group k * WARP_SIZE + lane), the
+// row's two sums are warp shuffles (no block barrier per row), and the lanes sum the weight
+// (and bias) gradients of their columns over the warp's rows while the next row's groups are
+// already on their way. Block b takes chunk b of `chunk_rows` rows, a share per warp; at the
+// end its warps' sums are added in warp order into `partial` (as `norm_dw_partial` leaves
+// them for `norm_dw_finish`), or straight into dw and db when one chunk holds every row.
+// Dynamic shared memory: n floats per gradient.
+struct alignas(16) Group { T v[V]; };
+
+KERNEL void norm_backward_rows(const Params p) {
+    start_after_previous();
+    extern __shared__ float col_sums[];
+    const Group* x = (const Group*)p.x;
+    const Group* dy = (const Group*)p.dy;
+    Group* dx = (Group*)p.dx;
+    const float* rstds = (const float*)p.rstd;
+#if LAYER
+    const float* means = (const float*)p.mean;
+#endif
+    const u64 n = p.n, groups = n / V;
+    const float nf = (float)n;
+    const u32 warps = blockDim.x / WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const u32 lane = threadIdx.x % WARP_SIZE;
+    float wv[KV][V];
+#pragma unroll
+    for (int k = 0; k < KV; ++k) {
+        const u64 gi = (u64)k * WARP_SIZE + lane;
+        const Group wg = gi < groups ? ((const Group*)p.w)[gi] : Group{};
+#pragma unroll
+        for (int e = 0; e < V; ++e) wv[k][e] = gi < groups ? to_f32(wg.v[e]) : 0.0f;
+    }
+    for (u64 b = block_index(); b < p.chunks; b += block_count()) {
+        const u64 r0 = b * p.chunk_rows;
+        const u64 r1 = r0 + p.chunk_rows < p.rows ? r0 + p.chunk_rows : p.rows;
+        const u64 per = (p.chunk_rows + warps - 1) / warps;
+        const u64 a0 = r0 + warp * per < r1 ? r0 + warp * per : r1;
+        const u64 a1 = a0 + per < r1 ? a0 + per : r1;
+        float sw[KV][V], sb[KV][V];
+        Group xg[KV], gg[KV];
+#pragma unroll
+        for (int k = 0; k < KV; ++k) {
+#pragma unroll
+            for (int e = 0; e < V; ++e) sw[k][e] = sb[k][e] = 0.0f;
+            const u64 gi = (u64)k * WARP_SIZE + lane;
+            if (a0 < a1 && gi < groups) {
+                xg[k] = x[a0 * groups + gi];
+                gg[k] = dy[a0 * groups + gi];
+            }
+        }
+        for (u64 r = a0; r < a1; ++r) {
+            float xh[KV][V], g[KV][V], d[KV][V];
+#pragma unroll
+            for (int k = 0; k < KV; ++k) {
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    xh[k][e] = to_f32(xg[k].v[e]);
+                    d[k][e] = to_f32(gg[k].v[e]);
+                }
+            }
+            if (r + 1 < a1) {
+#pragma unroll
+                for (int k = 0; k < KV; ++k) {
+                    const u64 gi = (u64)k * WARP_SIZE + lane;
+                    if (gi < groups) {
+                        xg[k] = x[(r + 1) * groups + gi];
+                        gg[k] = dy[(r + 1) * groups + gi];
+                    }
+                }
+            }
+#if LAYER
+            const float mean = means[r];
+#else
+            const float mean = 0.0f;
+#endif
+            const float rstd = rstds[r];
+            float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KV; ++k) {
+                const bool live = (u64)k * WARP_SIZE + lane < groups;
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    xh[k][e] = live ? (xh[k][e] - mean) * rstd : 0.0f;
+                    g[k][e] = live ? d[k][e] * wv[k][e] : 0.0f;
+                    sg += g[k][e];
+                    sgx += g[k][e] * xh[k][e];
+                    sw[k][e] += live ? d[k][e] * xh[k][e] : 0.0f;
+                    sb[k][e] += live ? d[k][e] : 0.0f;
+                }
+            }
+#if LAYER
+            const float mg = warp_sum(sg) / nf;
+#else
+            (void)sg;
+            const float mg = 0.0f;
+#endif
+            const float mgx = warp_sum(sgx) / nf;
+#pragma unroll
+            for (int k = 0; k < KV; ++k) {
+                const u64 gi = (u64)k * WARP_SIZE + lane;
+                if (gi >= groups) continue;
+                Group out;
+#pragma unroll
+                for (int e = 0; e < V; ++e) out.v[e] = from_f32<T>(rstd * (g[k][e] - mg - xh[k][e] * mgx));
+                dx[r * groups + gi] = out;
+            }
+        }
+        // The warps' sums, added in warp order.
+        for (u32 w = 0; w < warps; ++w) {
+            if (warp == w) {
+#pragma unroll
+                for (int k = 0; k < KV; ++k) {
+                    const u64 gi = (u64)k * WARP_SIZE + lane;
+                    if (gi >= groups) continue;
+#pragma unroll
+                    for (int e = 0; e < V; ++e) {
+                        const u64 c = gi * V + e;
+                        col_sums[c] = (w == 0 ? 0.0f : col_sums[c]) + sw[k][e];
+#if LAYER
+                        col_sums[n + c] = (w == 0 ? 0.0f : col_sums[n + c]) + sb[k][e];
+#endif
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        for (u64 c = threadIdx.x; c < n; c += blockDim.x) {
+            if (p.chunks == 1) {
+                st((T*)p.dw, c, col_sums[c]);
+#if LAYER
+                st((T*)p.db, c, col_sums[n + c]);
+#endif
+            } else {
+                ((float*)p.partial)[b * n + c] = col_sums[c];
+#if LAYER
+                ((float*)p.partial)[(p.chunks + b) * n + c] = col_sums[n + c];
+#endif
+            }
+        }
+        // The next chunk writes col_sums again.
+        __syncthreads();
+    }
+}
+#endif
+
 // Partial weight (and bias) gradients: block b sums rows chunk * chunk_rows .. + chunk_rows
 // of a tile of blockDim.x columns, in row order, into `partial` ([2][chunks][n] f32: dweight
 // then dbias), or straight into dw and db when there is one chunk.

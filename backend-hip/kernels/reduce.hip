@@ -136,6 +136,8 @@ KERNEL __launch_bounds__(1024) void reduce_cols(const Params p) {
         float acc = init();
         if (o < p.rows) {
             const IDX base = kept_offset(p, o);
+            // Unrolled so that several loads are in flight; the sum stays in order.
+#pragma unroll 8
             for (IDX r = begin + ty; r < end; r += lanes) acc = combine(acc, ld(X, base + reduced_offset(p, r)));
         }
         part[threadIdx.x] = acc;

@@ -3,7 +3,10 @@
 //! chunks of rows (a thread per column, rows in order), then the chunks added in order, so
 //! they are deterministic and use the whole device however many rows there are. Forward
 //! rows of up to [`MAX_REGS`] elements per thread live in registers (`norm_forward_regs`):
-//! one trip to memory per row, which is what a decoding step's one-row norms wait on.
+//! one trip to memory per row, which is what a decoding step's one-row norms wait on. The
+//! backward of rows of up to 2,048 16-bit (1,024 f32) elements on 16-byte boundaries runs as
+//! one kernel with a warp per row (`norm_backward_rows`: x and dy read once for dx and the
+//! weight gradients both, no block barrier per row), then the chunks' sums added in order.
 
 use tessera_core::{DType, Op, Result, TensorRef};
 
@@ -59,6 +62,17 @@ fn norm_source(entry: &'static str, dtype: DType, layer: bool) -> Source {
         .define("LAYER", if layer { "1" } else { "0" })
 }
 
+/// Most 16-byte groups per lane of a row `norm_backward_rows` holds (with 32 lanes: rows of up
+/// to 2,048 16-bit or 1,024 f32 elements).
+const MAX_GROUPS_PER_LANE: usize = 8;
+
+/// `norm_backward_rows` for 16-byte groups of `dtype`, `groups` of them per lane.
+fn rows_backward_source(dtype: DType, layer: bool, groups: usize) -> Source {
+    norm_source("norm_backward_rows", dtype, layer)
+        .define("V", (16 / dtype.size()).to_string())
+        .define("KV", groups.to_string())
+}
+
 /// `norm_forward_regs` with `regs` elements per thread.
 fn regs_source(dtype: DType, layer: bool, regs: usize) -> Source {
     norm_source("norm_forward_regs", dtype, layer).define("REGS", regs.to_string())
@@ -72,12 +86,15 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
         Op::LayerNorm | Op::RmsNorm => &["norm_forward"],
         _ => &["norm_dx", "norm_dw_partial", "norm_dw_finish"],
     };
-    let regs = matches!(op, Op::LayerNorm | Op::RmsNorm)
-        .then(|| [1, MAX_REGS].map(|r| regs_source(dtypes[0], layer, r)));
+    let regs = if matches!(op, Op::LayerNorm | Op::RmsNorm) {
+        [1, MAX_REGS].map(|r| regs_source(dtypes[0], layer, r))
+    } else {
+        [1, MAX_GROUPS_PER_LANE].map(|g| rows_backward_source(dtypes[0], layer, g))
+    };
     entries
         .iter()
         .map(|e| norm_source(e, dtypes[0], layer))
-        .chain(regs.into_iter().flatten())
+        .chain(regs)
         .collect()
 }
 
@@ -150,7 +167,6 @@ pub(crate) fn launch(
                 }
                 return Ok(());
             }
-            run("norm_dx", row_grid, &params)?;
             let chunk_rows = CHUNK_ROWS.max(rows.div_ceil(MAX_CHUNKS));
             let chunks = rows.div_ceil(chunk_rows);
             params.chunks = chunks as u64;
@@ -162,9 +178,24 @@ pub(crate) fn launch(
             } else {
                 None
             };
-            let blocks = n.div_ceil(THREADS as usize) * chunks;
-            let partial_grid = grid_for(blocks * THREADS as usize, THREADS);
-            run("norm_dw_partial", partial_grid, &params)?;
+            let group = 16 / dtype.size();
+            let per_lane = (n / group).div_ceil(32);
+            let mut aligned = n % group == 0 && per_lane <= MAX_GROUPS_PER_LANE;
+            for t in [x, &inputs[1], &inputs[dy], &outputs[0]] {
+                aligned &= gpu.ptr(t)? % 16 == 0;
+            }
+            if aligned {
+                let key = format!("norm_backward_rows:{}:{dtype}:{per_lane}", op.name());
+                let source = || Ok(rows_backward_source(dtype, layer, per_lane));
+                let sums = if layer { 2 } else { 1 };
+                let grid = rows_grid(chunks, THREADS, (sums * n * 4) as u32);
+                gpu.run(&key, source, grid, &params)?;
+            } else {
+                run("norm_dx", row_grid, &params)?;
+                let blocks = n.div_ceil(THREADS as usize) * chunks;
+                let partial_grid = grid_for(blocks * THREADS as usize, THREADS);
+                run("norm_dw_partial", partial_grid, &params)?;
+            }
             if scratch.is_some() {
                 run("norm_dw_finish", grid_for(n, THREADS), &params)?;
             }

@@ -6,7 +6,7 @@
 //   OFFSETS   code that sets o0, o1, ... to each operand's element offset from `i`
 //   BODY      the op on one element
 //   INPUTS    how many operands are inputs
-//   VEC       (contiguous operands only) elements per group of the vector walk
+//   VEC       elements per group of the vector walk (then the shape and strides count groups)
 
 #define S0 p.scalars[0]
 #define S1 p.scalars[1]
@@ -20,23 +20,26 @@
 #define MAP_UNROLL 4
 
 #if defined(VEC)
-// Contiguous operands of whole groups of VEC elements, each operand's group aligned to its
-// size (at most 16 bytes): a thread loads a group of every input with one load, runs BODY on
-// each element in registers (P0... point at the groups, o0... index them), and stores the
-// groups of the outputs (INPUTS inputs come first).
+// Operands whose innermost dimension is contiguous, in whole groups of VEC elements, each
+// operand's groups aligned to their size (at most 16 bytes): a thread finds group `i`'s
+// offset in every operand (OFFSETS, in groups), loads a group of every input with one load,
+// runs BODY on each element in registers (P0... point at the groups, o0... index them), and
+// stores the groups of the outputs (INPUTS inputs come first).
 #define GROUP(k) \
     struct alignas(sizeof(T##k) * VEC) G##k { T##k v[VEC]; }; \
     G##k r##k; \
-    if (INPUTS > k) r##k = ((const G##k*)p.ptrs[k])[g]; \
+    if (INPUTS > k) r##k = ((const G##k*)p.ptrs[k])[o##k]; \
     T##k* const P##k = r##k.v;
 #define STORE(k) \
-    if (INPUTS <= k) ((G##k*)p.ptrs[k])[g] = r##k;
+    if (INPUTS <= k) ((G##k*)p.ptrs[k])[o##k] = r##k;
 
 KERNEL void map(const Params p) {
     start_after_previous();
     const u64 groups = p.elements / VEC;
     const u64 step = block_count() * blockDim.x;
     for (u64 g = block_index() * blockDim.x + threadIdx.x; g < groups; g += step) {
+        const IDX i = (IDX)g;
+        OFFSETS
         GROUP(0)
 #if defined(T1)
         GROUP(1)

@@ -1,7 +1,7 @@
 // Layer norm and RMS norm over rows of any length, forward and backward: a block per row
 // (looping over rows past the grid), tree sums in f32. The weight (and bias) gradients sum
 // over rows in a fixed order: each block sums a chunk of rows for a tile of columns, then a
-// second kernel adds the chunks' partial sums in order. Parameters: `NormParams`
+// second kernel adds the chunks' partial sums in a fixed order. Parameters: `NormParams`
 // (ops/norm.rs). The planner defines T (the data's stored type) and LAYER (1 for layer norm,
 // 0 for RMS norm); `norm_forward_regs` also REGS, the elements each thread holds.
 
@@ -157,10 +157,12 @@ KERNEL void norm_dx(const Params p) {
 // row's two sums are warp shuffles (no block barrier per row), and the lanes sum the weight
 // (and bias) gradients of their columns over the warp's rows while the next row's groups are
 // already on their way. Block b takes chunk b of `chunk_rows` rows, a share per warp; at the
-// end its warps' sums are added in warp order into `partial` (as `norm_dw_partial` leaves
-// them for `norm_dw_finish`), or straight into dw and db when one chunk holds every row.
-// Dynamic shared memory: n floats per gradient.
+// end its warps' sums are added in warp order (one barrier) into `partial` (as
+// `norm_dw_partial` leaves them for `norm_dw_finish`), or straight into dw and db when one
+// chunk holds every row.
+// Dynamic shared memory: n floats per gradient and warp.
 struct alignas(16) Group { T v[V]; };
+#define SUMS (LAYER ? 2 : 1)
 
 KERNEL void norm_backward_rows(const Params p) {
     start_after_previous();
@@ -259,35 +261,38 @@ KERNEL void norm_backward_rows(const Params p) {
                 dx[r * groups + gi] = out;
             }
         }
-        // The warps' sums, added in warp order.
-        for (u32 w = 0; w < warps; ++w) {
-            if (warp == w) {
+        // Every warp's sums into shared memory, then each column's added in warp order.
 #pragma unroll
-                for (int k = 0; k < KV; ++k) {
-                    const u64 gi = (u64)k * WARP_SIZE + lane;
-                    if (gi >= groups) continue;
+        for (int k = 0; k < KV; ++k) {
+            const u64 gi = (u64)k * WARP_SIZE + lane;
+            if (gi >= groups) continue;
 #pragma unroll
-                    for (int e = 0; e < V; ++e) {
-                        const u64 c = gi * V + e;
-                        col_sums[c] = (w == 0 ? 0.0f : col_sums[c]) + sw[k][e];
+            for (int e = 0; e < V; ++e) {
+                col_sums[(u64)warp * SUMS * n + gi * V + e] = sw[k][e];
 #if LAYER
-                        col_sums[n + c] = (w == 0 ? 0.0f : col_sums[n + c]) + sb[k][e];
+                col_sums[((u64)warp * SUMS + 1) * n + gi * V + e] = sb[k][e];
 #endif
-                    }
-                }
             }
-            __syncthreads();
         }
+        __syncthreads();
         for (u64 c = threadIdx.x; c < n; c += blockDim.x) {
-            if (p.chunks == 1) {
-                st((T*)p.dw, c, col_sums[c]);
+            float dw = 0.0f, db = 0.0f;
+            for (u32 w = 0; w < warps; ++w) {
+                dw += col_sums[(u64)w * SUMS * n + c];
 #if LAYER
-                st((T*)p.db, c, col_sums[n + c]);
+                db += col_sums[((u64)w * SUMS + 1) * n + c];
+#endif
+            }
+            (void)db;
+            if (p.chunks == 1) {
+                st((T*)p.dw, c, dw);
+#if LAYER
+                st((T*)p.db, c, db);
 #endif
             } else {
-                ((float*)p.partial)[b * n + c] = col_sums[c];
+                ((float*)p.partial)[b * n + c] = dw;
 #if LAYER
-                ((float*)p.partial)[(p.chunks + b) * n + c] = col_sums[n + c];
+                ((float*)p.partial)[(p.chunks + b) * n + c] = db;
 #endif
             }
         }
@@ -340,24 +345,42 @@ KERNEL void norm_dw_partial(const Params p) {
     }
 }
 
-// The chunks' partial sums added in chunk order, a thread per column.
-KERNEL void norm_dw_finish(const Params p) {
+// The chunks' partial sums: blocks of 32 columns by FINISH_LANES lanes, lane l adding chunks
+// l, l + FINISH_LANES, ... in order (eight loads in flight), then the lanes' sums in a fixed
+// tree, so the result is the same every run.
+#define FINISH_LANES 8
+KERNEL void __launch_bounds__(32 * FINISH_LANES) norm_dw_finish(const Params p) {
     start_after_previous();
+    __shared__ float part[2][FINISH_LANES][32];
     const float* partial = (const float*)p.partial;
     const u64 n = p.n;
-    for (u64 c = block_index() * blockDim.x + threadIdx.x; c < n; c += block_count() * blockDim.x) {
+    const u32 tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (u64 c0 = block_index() * 32; c0 < n; c0 += block_count() * 32) {
+        const u64 c = c0 + tx;
         float sw = 0.0f, sb = 0.0f;
-        // Unrolled so that the loads of several partials are in flight; the sums stay in order.
+        if (c < n) {
 #pragma unroll 8
-        for (u64 k = 0; k < p.chunks; ++k) {
-            sw += partial[k * n + c];
-            sb += partial[(p.chunks + k) * n + c];
+            for (u64 k = ty; k < p.chunks; k += FINISH_LANES) {
+                sw += partial[k * n + c];
+                sb += partial[(p.chunks + k) * n + c];
+            }
         }
-        st((T*)p.dw, c, sw);
+        part[0][ty][tx] = sw;
+        part[1][ty][tx] = sb;
+        __syncthreads();
+        for (u32 half = FINISH_LANES / 2; half > 0; half /= 2) {
+            if (ty < half) {
+                part[0][ty][tx] += part[0][ty + half][tx];
+                part[1][ty][tx] += part[1][ty + half][tx];
+            }
+            __syncthreads();
+        }
+        if (ty == 0 && c < n) {
+            st((T*)p.dw, c, part[0][0][tx]);
 #if LAYER
-        st((T*)p.db, c, sb);
-#else
-        (void)sb;
+            st((T*)p.db, c, part[1][0][tx]);
 #endif
+        }
+        __syncthreads();
     }
 }

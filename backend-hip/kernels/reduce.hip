@@ -151,6 +151,55 @@ KERNEL __launch_bounds__(1024) void reduce_cols(const Params p) {
     }
 }
 
+#if defined(VEC_COLS)
+// reduce_cols for a contiguous [row_len, rows] input whose rows are whole 16-byte groups of
+// VEC_COLS outputs: a thread takes a group (one 16-byte load per reduced row, several in
+// flight), COL_LANES lanes of threads share a group's reduced rows, then a tree over the
+// lanes; chunks of the reduced extent as in reduce_cols.
+#define COL_LANES 8
+struct alignas(16) ColGroup { TI v[VEC_COLS]; };
+KERNEL __launch_bounds__(32 * COL_LANES) void reduce_cols_vec(const Params p) {
+    start_after_previous();
+    __shared__ float part[COL_LANES][32][VEC_COLS + 1];
+    const u32 tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const u64 groups = p.rows / VEC_COLS;
+    const u64 tiles = (groups + 31) / 32;
+    const u64 n = p.row_len;
+    for (u64 gc = block_index(); gc < tiles * p.chunks; gc += block_count()) {
+        const u64 g = (gc % tiles) * 32 + tx, c = gc / tiles;
+        const u64 begin = c * p.chunk;
+        const u64 end = (c + 1) * p.chunk < n ? (c + 1) * p.chunk : n;
+        float acc[VEC_COLS];
+#pragma unroll
+        for (int e = 0; e < VEC_COLS; ++e) acc[e] = init();
+        if (g < groups) {
+            const ColGroup* src = (const ColGroup*)X + g;
+#pragma unroll 4
+            for (u64 r = begin + ty; r < end; r += COL_LANES) {
+                const ColGroup v = src[r * groups];
+#pragma unroll
+                for (int e = 0; e < VEC_COLS; ++e) acc[e] = combine(acc[e], to_f32(v.v[e]));
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < VEC_COLS; ++e) part[ty][tx][e] = acc[e];
+        __syncthreads();
+        for (u32 half = COL_LANES / 2; half > 0; half /= 2) {
+            if (ty < half) {
+#pragma unroll
+                for (int e = 0; e < VEC_COLS; ++e) part[ty][tx][e] = combine(part[ty][tx][e], part[ty + half][tx][e]);
+            }
+            __syncthreads();
+        }
+        if (ty == 0 && g < groups) {
+#pragma unroll
+            for (int e = 0; e < VEC_COLS; ++e) st(OUT, c * p.rows + g * VEC_COLS + e, finish(p, part[0][tx][e]));
+        }
+        __syncthreads();
+    }
+}
+#endif
+
 // A block per (output, chunk of `chunk` reduced elements): `chunks` partials per output when
 // a few outputs reduce long extents (a second launch combines them), one chunk otherwise.
 // Output `b = o * chunks + c`.

@@ -197,7 +197,7 @@ enum Walk {
     Strided,
     /// A copy in 16-byte groups of elements (see [`wide_copy`]).
     Wide,
-    /// Contiguous operands in groups of this many elements (see [`vector_width`]).
+    /// Rows of whole groups of this many elements (see [`vector_width`]).
     Vector(usize),
 }
 
@@ -233,12 +233,12 @@ fn map_source(
     Some(source)
 }
 
-/// The group width of a vector walk over contiguous operands: as many elements as keep the
-/// widest operand's group at 16 bytes, where the merged shape is one contiguous dimension
-/// of whole groups and every operand starts on its group's boundary. Each thread then moves
-/// a group per operand with one load or store.
+/// The group width of a vector walk: as many elements as keep the widest operand's group at
+/// 16 bytes, where every operand's innermost merged dimension is contiguous and made of whole
+/// groups, every other stride is a whole number of groups (rows of a strided view: the
+/// slices of a fused QKV gradient), and every operand starts on its group's boundary. Each
+/// thread then moves a group per operand with one load or store.
 fn vector_width(
-    n: usize,
     shape: &[usize],
     strides: &[Vec<usize>],
     tensors: &[&TensorRef<'_>],
@@ -246,12 +246,37 @@ fn vector_width(
 ) -> Option<usize> {
     let widest = tensors.iter().map(|t| t.dtype.size()).max()?;
     let width = 16 / widest;
-    let contiguous = shape.len() == 1 && strides.iter().all(|st| st[0] == 1);
+    let last = shape.len().checked_sub(1)?;
+    let rows_of_groups = shape[last].is_multiple_of(width)
+        && strides
+            .iter()
+            .all(|st| st[last] == 1 && st[..last].iter().all(|s| s.is_multiple_of(width)));
     let aligned = tensors
         .iter()
         .zip(ptrs)
         .all(|(t, p)| p.is_multiple_of((t.dtype.size() * width) as u64));
-    (width > 1 && contiguous && n.is_multiple_of(width) && aligned).then_some(width)
+    (width > 1 && rows_of_groups && aligned).then_some(width)
+}
+
+/// `shape` and `strides` counted in groups of `group` elements along the innermost
+/// dimension (which every operand has contiguous, in whole groups).
+fn in_groups(
+    shape: &[usize],
+    strides: &[Vec<usize>],
+    group: usize,
+) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let last = shape.len() - 1;
+    let mut grouped = shape.to_vec();
+    grouped[last] /= group;
+    let strides = strides
+        .iter()
+        .map(|st| {
+            let mut w: Vec<usize> = st[..last].iter().map(|s| s / group).collect();
+            w.push(1);
+            w
+        })
+        .collect();
+    (grouped, strides)
 }
 
 /// Bytes a wide copy moves per element (the prelude's `u128`).
@@ -274,20 +299,7 @@ fn wide_copy(
         && strides
             .iter()
             .all(|st| st[last] == 1 && st[..last].iter().all(|s| s.is_multiple_of(group)));
-    if !fits {
-        return None;
-    }
-    let mut wide_shape = shape.to_vec();
-    wide_shape[last] /= group;
-    let wide_strides = strides
-        .iter()
-        .map(|st| {
-            let mut w: Vec<usize> = st[..last].iter().map(|s| s / group).collect();
-            w.push(1);
-            w
-        })
-        .collect();
-    Some((wide_shape, wide_strides))
+    fits.then(|| in_groups(shape, strides, group))
 }
 
 /// The kernels `launch` compiles for `op` on inputs of `dtypes`: ranks 1 and 3, both index
@@ -306,7 +318,7 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
     let mut sources = Vec::new();
     for (rank, index) in [(1, "u32"), (3, "u64")] {
         let mut walks = vec![Walk::Strided];
-        if rank == 1 && widest < 16 {
+        if widest < 16 {
             walks.push(Walk::Vector(16 / widest));
         }
         if matches!(op, Op::Copy) {
@@ -365,9 +377,13 @@ pub(crate) fn launch(
     let walk = if widened.is_some() {
         Walk::Wide
     } else {
-        vector_width(n, &shape, &strides, &tensors, &ptrs).map_or(Walk::Strided, Walk::Vector)
+        vector_width(&shape, &strides, &tensors, &ptrs).map_or(Walk::Strided, Walk::Vector)
     };
-    let (shape, strides) = widened.unwrap_or((shape, strides));
+    let (shape, strides) = match (widened, walk) {
+        (Some(wide), _) => wide,
+        (None, Walk::Vector(width)) => in_groups(&shape, &strides, width),
+        _ => (shape, strides),
+    };
     let n = if walk == Walk::Wide {
         n / (WIDE / elem)
     } else {

@@ -1,7 +1,7 @@
 //! Layer norm and RMS norm, forward and backward (`kernels/norm.hip`): a block per row for
 //! the statistics, `y` and `dx`; the weight and bias gradients as partial sums over fixed
-//! chunks of rows (a thread per column, rows in order), then the chunks added in order, so
-//! they are deterministic and use the whole device however many rows there are. Forward
+//! chunks of rows (a thread per column, rows in order), then the chunks added in a fixed
+//! order, so they are deterministic and use the whole device however many rows there are. Forward
 //! rows of up to [`MAX_REGS`] elements per thread live in registers (`norm_forward_regs`):
 //! one trip to memory per row, which is what a decoding step's one-row norms wait on. The
 //! backward of rows of up to 2,048 16-bit (1,024 f32) elements on 16-byte boundaries runs as
@@ -19,8 +19,10 @@ const SRC: &str = include_str!("../../kernels/norm.hip");
 
 /// Threads of the column kernels.
 const THREADS: u32 = 256;
-/// Rows one block of the weight gradients sums at least; at most this many chunks.
+/// Rows one block of the weight gradients sums at least (`norm_dw_partial`, and
+/// `norm_backward_rows`, whose eight warps take four rows each); at most this many chunks.
 const CHUNK_ROWS: usize = 64;
+const ROW_KERNEL_CHUNK_ROWS: usize = 32;
 const MAX_CHUNKS: usize = 1024;
 
 hip_params! {
@@ -167,7 +169,23 @@ pub(crate) fn launch(
                 }
                 return Ok(());
             }
-            let chunk_rows = CHUNK_ROWS.max(rows.div_ceil(MAX_CHUNKS));
+            let group = 16 / dtype.size();
+            let per_lane = (n / group).div_ceil(32);
+            // Each warp's gradient sums in shared memory (eight warps where they are 32 wide).
+            let sums = if layer { 2 } else { 1 };
+            let shared = 8 * sums * n * 4;
+            let mut aligned = n % group == 0
+                && per_lane <= MAX_GROUPS_PER_LANE
+                && shared <= gpu.max_shared_bytes();
+            for t in [x, &inputs[1], &inputs[dy], &outputs[0]] {
+                aligned &= gpu.ptr(t)? % 16 == 0;
+            }
+            let least = if aligned {
+                ROW_KERNEL_CHUNK_ROWS
+            } else {
+                CHUNK_ROWS
+            };
+            let chunk_rows = least.max(rows.div_ceil(MAX_CHUNKS));
             let chunks = rows.div_ceil(chunk_rows);
             params.chunks = chunks as u64;
             params.chunk_rows = chunk_rows as u64;
@@ -178,17 +196,10 @@ pub(crate) fn launch(
             } else {
                 None
             };
-            let group = 16 / dtype.size();
-            let per_lane = (n / group).div_ceil(32);
-            let mut aligned = n % group == 0 && per_lane <= MAX_GROUPS_PER_LANE;
-            for t in [x, &inputs[1], &inputs[dy], &outputs[0]] {
-                aligned &= gpu.ptr(t)? % 16 == 0;
-            }
             if aligned {
                 let key = format!("norm_backward_rows:{}:{dtype}:{per_lane}", op.name());
                 let source = || Ok(rows_backward_source(dtype, layer, per_lane));
-                let sums = if layer { 2 } else { 1 };
-                let grid = rows_grid(chunks, THREADS, (sums * n * 4) as u32);
+                let grid = rows_grid(chunks, THREADS, shared as u32);
                 gpu.run(&key, source, grid, &params)?;
             } else {
                 run("norm_dx", row_grid, &params)?;
@@ -197,7 +208,11 @@ pub(crate) fn launch(
                 run("norm_dw_partial", partial_grid, &params)?;
             }
             if scratch.is_some() {
-                run("norm_dw_finish", grid_for(n, THREADS), &params)?;
+                run(
+                    "norm_dw_finish",
+                    rows_grid(n.div_ceil(32), THREADS, 0),
+                    &params,
+                )?;
             }
             Ok(())
         }

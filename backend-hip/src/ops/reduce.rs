@@ -32,6 +32,9 @@ const ARGMAX_CHUNK: usize = 16 * BLOCK as usize;
 const SPLIT_BLOCKS: usize = 512;
 /// Reduced elements per chunk below which a column reduction is not split.
 const CHUNK_COLS: usize = 256;
+/// The same for `reduce_cols_vec`, whose blocks cover 32 groups of 16 bytes of outputs each
+/// (fewer blocks per chunk, so shorter chunks to fill the GPU).
+const VEC_CHUNK_COLS: usize = 64;
 
 hip_params! {
     /// Every reduce kernel's parameters. `ptrs`: input, second input (softmax backward's
@@ -87,6 +90,12 @@ fn reduce_source(
         .define("PARTIAL", u32::from(partial).to_string())
 }
 
+/// `reduce_cols_vec` over an input of `input`, 16-byte groups of outputs.
+fn cols_vec_source(kind: ReduceOp, partial: bool, input: DType, output: DType) -> Source {
+    reduce_source("reduce_cols_vec", kind, partial, input, output, "u64")
+        .define("VEC_COLS", (16 / input.size()).to_string())
+}
+
 /// An argmax kernel (`argmax_thread`, `argmax_block` or `argmax_finish`) on `input`;
 /// `partial` for an argmax_block that leaves its chunks' pairs to argmax_finish.
 fn argmax_source(entry: &'static str, input: DType, index: &str, partial: bool) -> Source {
@@ -121,6 +130,7 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
                 for entry in ["reduce_thread", "reduce_cols", "reduce_block"] {
                     out.push(reduce_source(entry, *kind, false, t, t, index));
                 }
+                out.push(cols_vec_source(*kind, index == "u64", t, t));
                 out.push(reduce_source(
                     "reduce_block",
                     *kind,
@@ -253,9 +263,22 @@ fn reduce(
         } else {
             32
         };
+        // A contiguous input whose rows are whole 16-byte groups of outputs (a bias gradient)
+        // runs reduce_cols_vec, a 16-byte load per thread and reduced row.
+        let width = 16 / ti.size();
+        let vector = params.kept_rank == 1
+            && params.reduced_rank == 1
+            && params.reduced_strides[0] == params.rows
+            && rows % width == 0
+            && params.ptrs[0] % 16 == 0;
+        let tiles = (rows / width).div_ceil(32);
         // Few groups of columns (a bias gradient: 768 columns over 8192 rows is 24 blocks)
         // would leave most of a large GPU idle: the reduced extent splits into chunks.
-        let chunks = (SPLIT_BLOCKS / groups).min(len / CHUNK_COLS);
+        let chunks = if vector {
+            (SPLIT_BLOCKS / tiles).min(len / VEC_CHUNK_COLS)
+        } else {
+            (SPLIT_BLOCKS / groups).min(len / CHUNK_COLS)
+        };
         if chunks < 2 {
             return run(
                 "reduce_cols",
@@ -276,8 +299,14 @@ fn reduce(
             chunks: chunks as u64,
             ..params
         };
-        let grid = rows_grid(groups * chunks, 32 * lanes, 0);
-        run("reduce_cols", true, ti, DType::F32, grid, &first)?;
+        if vector {
+            let key = format!("reduce_cols_vec:{}:{ti}", kind.name());
+            let source = || Ok(cols_vec_source(kind, true, ti, DType::F32));
+            gpu.run(&key, source, rows_grid(tiles * chunks, 256, 0), &first)?;
+        } else {
+            let grid = rows_grid(groups * chunks, 32 * lanes, 0);
+            run("reduce_cols", true, ti, DType::F32, grid, &first)?;
+        }
         // The partials lie [chunks, rows]: a reduction over their outer axis.
         let second = partials_params(partials, params.ptrs[2], rows, chunks, len, (1, rows));
         let grid = rows_grid(groups, 32 * lanes, 0);

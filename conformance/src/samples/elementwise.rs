@@ -41,7 +41,8 @@ fn scalar_sets(u: UnaryOp) -> Vec<Vec<f64>> {
 }
 
 /// Shapes and views every one-input elementwise op runs on: tile-unfriendly sizes, rank 0,
-/// empty, and strided, padded and broadcast views.
+/// empty, and strided, padded and broadcast views, and rows of 16 elements spaced apart (a
+/// backend may move them 16 bytes at a time).
 fn layouts() -> Vec<(Vec<usize>, View)> {
     vec![
         (vec![17, 33], View::Contiguous),
@@ -52,6 +53,7 @@ fn layouts() -> Vec<(Vec<usize>, View)> {
         (vec![4, 3, 257], View::Broadcast(vec![1, 1, 257])),
         (vec![3, 4, 5], View::Permuted(vec![2, 0, 1])),
         (vec![1, 1030], View::Offset(7)),
+        (vec![2, 5, 16], View::Capacity(3)),
     ]
 }
 
@@ -179,6 +181,11 @@ pub(super) fn binary(bop: BinaryOp) -> Vec<Sample> {
             op.clone(),
             "[2, 5, 9] padded",
             pair(&[2, 5, 9], View::Padded(2), View::Permuted(vec![1, 2, 0])),
+        ),
+        Sample::new(
+            op.clone(),
+            "[2, 5, 16] rows spaced apart",
+            pair(&[2, 5, 16], View::Capacity(3), View::Contiguous),
         ),
         Sample::new(
             op.clone(),

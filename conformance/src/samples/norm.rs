@@ -1,5 +1,6 @@
 //! Layer norm and RMS norm samples: rows longer than a workgroup, more rows than one grid
-//! dimension holds, single columns, empty batches.
+//! dimension holds, single columns, empty batches, and rows of whole 16-byte groups in many
+//! chunks (the backward's warp-per-row kernel).
 
 use tessera::Op;
 
@@ -7,8 +8,10 @@ use super::{input, stats, uniform, Gen, Sample, View};
 
 const EPS: f64 = 1e-5;
 
-const SHAPES: [&[usize]; 8] = [
+const SHAPES: [&[usize]; 10] = [
     &[7, 33],
+    &[300, 72],
+    &[40, 1024],
     &[3, 1500],
     &[2, 2100],
     &[70_000, 4],

@@ -29,6 +29,8 @@ pub(super) fn reduce(kind: ReduceOp) -> Vec<Sample> {
         case(&[], &[], true, View::Contiguous, u()),
         case(&[3, 2100], &[1], false, View::Contiguous, u()),
         case(&[1500, 3], &[0], false, View::Contiguous, u()),
+        // Rows of whole 16-byte groups: a column reduction by vector loads.
+        case(&[1000, 72], &[0], false, View::Contiguous, u()),
         case(&[70_000, 3], &[1], false, View::Contiguous, u()),
         case(
             &[4, 5, 6],

@@ -3,7 +3,7 @@
 use crate::models::Transformer;
 use crate::nn::KvCache;
 use crate::rng::RngState;
-use crate::{DType, Error, PendingVec, ReplayedStep, Result, Tensor};
+use crate::{DType, Error, Op, PendingVec, ReplayedStep, Result, Tensor};
 
 /// How the next token is chosen. `temperature == 0` is greedy (argmax on the device); otherwise
 /// logits are divided by the temperature, cut to the `top_k` most likely tokens and to the
@@ -194,26 +194,25 @@ pub fn greedy_steps(
     let mut cache = KvCache::with_capacity(model.blocks.len(), capacity);
     let ids = Tensor::from_slice(prompt, &[1, prompt.len()], device)?;
     let logits = model.forward(&ids, Some(&mut cache))?;
-    let token = logits
-        .select(1, -1)?
-        .argmax(-1, true)?
-        .to_dtype(DType::U32)?;
+    // The token as argmax leaves it (i32, which the embedding takes), each step's written in
+    // place over the last one's.
+    let token = logits.select(1, -1)?.argmax(-1, true)?;
+    let argmax = Op::ArgMax {
+        axis: 1,
+        keepdim: true,
+    };
     // The position as f32 (exact to 2^24), since the catalog adds floats only.
     let position = Tensor::full(&[1], prompt.len() as f64, DType::F32, device)?;
-    let mut pending = token.to_vec_later::<u32>()?;
+    let mut pending = token.to_vec_later::<i32>()?;
     let mut decode = || -> Result<()> {
         let at = position.to_dtype(DType::I32)?;
         let logits = model.forward_at(&token, &at, &mut cache)?;
-        let next = logits
-            .select(1, -1)?
-            .argmax(-1, true)?
-            .to_dtype(DType::U32)?;
-        token.copy_from(&next)?;
+        Tensor::apply_in_place(&argmax, &[&logits.select(1, -1)?], &[&token], &[])?;
         position.copy_from(&position.add_scalar(1.0)?)
     };
     for _ in 1..new_tokens {
         step.run(&mut decode)?;
-        let read = std::mem::replace(&mut pending, token.to_vec_later::<u32>()?);
+        let read = std::mem::replace(&mut pending, token.to_vec_later::<i32>()?);
         if emit(read, &mut out, options, on_token)? {
             return Ok(out);
         }
@@ -224,12 +223,14 @@ pub fn greedy_steps(
 
 /// Appends a token read from the device and reports it; true at a stop token.
 fn emit(
-    read: PendingVec<u32>,
+    read: PendingVec<i32>,
     out: &mut Vec<u32>,
     options: &GenerateOptions,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<bool> {
-    let token = read.wait()?[0];
+    let index = read.wait()?[0];
+    let token = u32::try_from(index)
+        .map_err(|_| Error::invalid("generate", format!("argmax returned {index}")))?;
     out.push(token);
     on_token(token);
     Ok(options.stop_tokens.contains(&token))

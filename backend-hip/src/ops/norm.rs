@@ -174,7 +174,7 @@ pub(crate) fn launch(
             // Each warp's gradient sums in shared memory (eight warps where they are 32 wide).
             let sums = if layer { 2 } else { 1 };
             let shared = 8 * sums * n * 4;
-            let mut aligned = n % group == 0
+            let mut aligned = n.is_multiple_of(group)
                 && per_lane <= MAX_GROUPS_PER_LANE
                 && shared <= gpu.max_shared_bytes();
             for t in [x, &inputs[1], &inputs[dy], &outputs[0]] {

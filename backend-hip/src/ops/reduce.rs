@@ -269,7 +269,7 @@ fn reduce(
         let vector = params.kept_rank == 1
             && params.reduced_rank == 1
             && params.reduced_strides[0] == params.rows
-            && rows % width == 0
+            && rows.is_multiple_of(width)
             && params.ptrs[0] % 16 == 0;
         let tiles = (rows / width).div_ceil(32);
         // Few groups of columns (a bias gradient: 768 columns over 8192 rows is 24 blocks)

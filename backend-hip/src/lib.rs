@@ -18,11 +18,14 @@
 //! Status: on NVIDIA every catalog op runs, forward and backward, in f32, f16 and bf16, and
 //! matches the CPU in the conformance suite on an H100 (`benches/README.md` has the speed).
 //! Attention forward and backward run on tensor cores for 16-bit data with head dims up to
-//! 128 (`mma.sync`, NVIDIA only); everything else but the GEMMs runs on CUDA cores. In bf16
-//! GPT-2 training the GEMMs cost most, then attention (at 35-43% of PyTorch's SDPA) and the
-//! copies of heads into attention's layout. Large 16-bit GEMMs with sizes off multiples of 8
-//! run on zero-padded copies (`ops/matmul.rs`). Adam updates a group's parameters 16 to a
-//! launch.
+//! 128 (`mma.sync`, NVIDIA only), and in f32 with head dims 64 and 128 as tiled CUDA-core
+//! kernels (exact f32, no TF32; about 80% of PyTorch's f32 SDPA); everything else but the
+//! GEMMs runs on CUDA cores. In bf16 GPT-2 training the GEMMs cost most, then attention (at
+//! 35-43% of PyTorch's SDPA) and the copies of heads into attention's layout. Large 16-bit
+//! GEMMs with sizes off multiples of 8 run on zero-padded copies (`ops/matmul.rs`). Adam
+//! updates a group's parameters 16 to a launch. Memory-bound kernels move 16 bytes per load
+//! where their operands allow: elementwise ops over rows of 16-byte groups (strided views
+//! too), column sums (bias gradients), and the norms' backward, one warp per row.
 //!
 //! Kernels start early (programmatic dependent launch, Hopper on): every kernel's first
 //! statement waits for the kernel queued ahead of it (`start_after_previous` in the prelude;

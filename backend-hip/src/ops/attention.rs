@@ -179,7 +179,7 @@ fn mma_shared_bytes(entry: &str, d: usize) -> u32 {
 /// time). The forward also wants at least 16 query rows: decoding's single rows stay on the
 /// row kernel.
 fn mma_fits(gpu: &Gpu, op: &Op, tensors: &[&TensorRef<'_>]) -> Result<bool> {
-    let (q, k, v) = (tensors[0], tensors[1], tensors[2]);
+    let (q, v) = (tensors[0], tensors[2]);
     let (d, vd, tq) = (q.layout.shape[3], v.layout.shape[3], q.layout.shape[2]);
     let shape_fits = gpu.backend() == "cuda"
         && matches!(q.dtype, DType::F16 | DType::BF16)
@@ -188,12 +188,18 @@ fn mma_fits(gpu: &Gpu, op: &Op, tensors: &[&TensorRef<'_>]) -> Result<bool> {
         && (16..=128).contains(&d)
         && mma_shared_bytes("dq_mma", d) as usize <= gpu.max_shared_bytes()
         && (tq >= 16 || matches!(op, Op::AttentionBackward { .. }));
-    if !shape_fits {
-        return Ok(false);
-    }
-    let strides = [k, v]
-        .iter()
-        .all(|t| t.layout.strides[0] % 8 == 0 && t.layout.strides[1] % 8 == 0);
+    Ok(shape_fits && in_16_byte_groups(gpu, tensors)?)
+}
+
+/// Whether the kernels that move 16 bytes at a time may read `tensors` (q, k, v, then the
+/// rest): every operand on a 16-byte boundary, and k's and v's heads and batches too.
+fn in_16_byte_groups(gpu: &Gpu, tensors: &[&TensorRef<'_>]) -> Result<bool> {
+    let group = 16 / tensors[0].dtype.size();
+    let strides = tensors[1..3].iter().all(|t| {
+        t.layout.strides[..2]
+            .iter()
+            .all(|s| s.is_multiple_of(group))
+    });
     let mut aligned = strides;
     for t in tensors {
         aligned &= gpu.ptr(t)? % 16 == 0;
@@ -237,7 +243,7 @@ fn tiled_shared_bytes(entry: &str, d: usize) -> usize {
 /// `tensors` on a 16-byte boundary with k's and v's heads and batches too (the kernels move 4
 /// floats at a time). The forward also wants at least 16 query rows.
 fn tiled_fits(gpu: &Gpu, op: &Op, tensors: &[&TensorRef<'_>]) -> Result<bool> {
-    let (q, k, v) = (tensors[0], tensors[1], tensors[2]);
+    let (q, v) = (tensors[0], tensors[2]);
     let (d, vd, tq) = (q.layout.shape[3], v.layout.shape[3], q.layout.shape[2]);
     let shape_fits = gpu.backend() == "cuda"
         && q.dtype == DType::F32
@@ -245,17 +251,7 @@ fn tiled_fits(gpu: &Gpu, op: &Op, tensors: &[&TensorRef<'_>]) -> Result<bool> {
         && (d == 64 || d == 128)
         && tiled_shared_bytes("dkv_tiled", d) <= gpu.max_shared_bytes()
         && (tq >= 16 || matches!(op, Op::AttentionBackward { .. }));
-    if !shape_fits {
-        return Ok(false);
-    }
-    let strides = [k, v]
-        .iter()
-        .all(|t| t.layout.strides[0] % 4 == 0 && t.layout.strides[1] % 4 == 0);
-    let mut aligned = strides;
-    for t in tensors {
-        aligned &= gpu.ptr(t)? % 16 == 0;
-    }
-    Ok(aligned)
+    Ok(shape_fits && in_16_byte_groups(gpu, tensors)?)
 }
 
 fn rotary_source(dtype: DType, index: &str) -> Source {

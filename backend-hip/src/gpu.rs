@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use tessera_core::exec::{fnv1a, DiskCache};
-use tessera_core::memory::Pool;
+use tessera_core::memory::RecordingPools;
 use tessera_core::{
     Buffer, DeviceInfo, Error, KernelTime, KernelTotals, MemoryStats, Recording, Result, TensorRef,
 };
@@ -71,7 +71,7 @@ pub(crate) struct Gpu {
     profile: Mutex<Profile>,
     capture: Mutex<Option<Capture>>,
     /// The pools of live recordings, whose memory their graphs hold for as long as they live.
-    recording_pools: Mutex<Vec<std::sync::Weak<Mutex<Pool<Block>>>>>,
+    recording_pools: RecordingPools<Block>,
     /// Whether kernels may start before the one ahead of them has finished: on unless
     /// `TESSERA_EARLY_LAUNCH=0`, and off while kernels are timed (an early start would
     /// blur each kernel's events).
@@ -139,7 +139,7 @@ impl Gpu {
             syncs: AtomicU64::new(0),
             profile: Mutex::new(Profile::default()),
             capture: Mutex::new(None),
-            recording_pools: Mutex::new(Vec::new()),
+            recording_pools: RecordingPools::default(),
             start_early: AtomicBool::new(early_launch_allowed()),
         }
     }
@@ -336,9 +336,7 @@ impl Gpu {
             }
         };
         let graph = self.driver.end_capture()?;
-        let mut pools = lock(&self.recording_pools);
-        pools.retain(|p| p.strong_count() > 0);
-        pools.push(Arc::downgrade(&capture.pool));
+        self.recording_pools.hold(&capture.pool);
         Ok(Box::new(GpuRecording {
             driver: self.driver.clone(),
             graph,
@@ -351,16 +349,7 @@ impl Gpu {
     /// counted as in use from the start of the peak's window (a conservative peak: a
     /// recording keeps its step's memory for as long as it lives).
     pub(crate) fn memory(&self) -> MemoryStats {
-        let mut stats = lock(&self.pool).stats();
-        let held: usize = lock(&self.recording_pools)
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .map(|p| lock(&p).stats().reserved)
-            .sum();
-        stats.in_use += held;
-        stats.peak += held;
-        stats.reserved += held;
-        stats
+        self.recording_pools.add_to(lock(&self.pool).stats())
     }
 
     /// The device address of `t`'s first element.

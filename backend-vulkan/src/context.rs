@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
-use tessera_core::memory::Pool;
+use tessera_core::memory::{Pool, RecordingPools};
 use tessera_core::{Buffer, DeviceInfo, Error, Features, Limits, Result};
 use tessera_wgsl::{device_dtypes, Caps, Dispatch, Gpu};
 
@@ -34,6 +34,8 @@ pub(crate) struct Context {
     pub(crate) recorder: Mutex<Recorder>,
     pub(crate) pipelines: Pipelines,
     pub(crate) pool: SharedPool,
+    /// The pools of live recordings (`replay.rs`), counted in the memory statistics.
+    pub(crate) recording_pools: RecordingPools<Block>,
     pub(crate) next_id: AtomicU64,
     pub(crate) syncs: AtomicU64,
     /// Nanoseconds per timestamp tick and the queue's valid timestamp bits (0: none).
@@ -153,6 +155,7 @@ impl Context {
             recorder: Mutex::new(recorder),
             pipelines: Pipelines::new(&shared, &props, push_constant_bytes, zero_init)?,
             pool: Arc::new(Mutex::new(Pool::default())),
+            recording_pools: RecordingPools::default(),
             next_id: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             timestamps: (props.limits.timestamp_period, physical.timestamp_bits),
@@ -176,7 +179,10 @@ impl Context {
         lock(&self.recorder)
     }
 
+    /// A buffer of `bytes` from the device's pool, or from the recording's while the calling
+    /// thread records a step.
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+        let pool = self.recording_pool().unwrap_or_else(|| self.pool.clone());
         let class = tessera_core::memory::size_class(bytes);
         if class > self.info.limits.max_buffer_bytes {
             return Err(Error::OutOfMemory {
@@ -185,20 +191,20 @@ impl Context {
                 limit: self.info.limits.max_buffer_bytes,
             });
         }
-        match self.alloc_block(bytes) {
+        match self.alloc_block(bytes, &pool) {
             Err(Error::OutOfMemory { .. }) => {
                 // Cached blocks go back to the driver once the queue is done with them.
                 self.drain()?;
                 lock(&self.pool).trim(|_| true);
                 self.shared.collect(self.completed()?);
-                self.alloc_block(bytes)
+                self.alloc_block(bytes, &pool)
             }
             other => other,
         }
     }
 
-    fn alloc_block(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
-        let mut pool = lock(&self.pool);
+    fn alloc_block(&self, bytes: usize, from: &SharedPool) -> Result<Arc<dyn Buffer>> {
+        let mut pool = lock(from);
         let in_use = pool.stats().in_use;
         let (block, class) = pool.alloc(
             bytes,
@@ -216,12 +222,7 @@ impl Context {
             },
         )?;
         drop(pool);
-        Ok(Arc::new(VulkanBuffer::new(
-            block,
-            bytes,
-            class,
-            self.pool.clone(),
-        )))
+        Ok(Arc::new(VulkanBuffer::new(block, bytes, class, from.clone())))
     }
 
     /// The number of the last batch the queue has finished.
@@ -248,6 +249,12 @@ impl Context {
     pub(crate) fn set_profiling(&self, on: bool) -> Result<()> {
         // Under the recorder's lock, so that no batch recorded meanwhile uses the old queries.
         let mut recorder = self.recorder();
+        if recorder.capture.is_some() {
+            return Err(Error::invalid(
+                "set_profiling",
+                "the device is recording a step for replay; profile after it ends",
+            ));
+        }
         let value = recorder.submit(&self.queue())?;
         wait_for(&self.shared, self.timeline, value)?;
         if let Some(old) = recorder.profiler.take() {
@@ -402,6 +409,9 @@ impl Gpu for Context {
             });
         }
         let mut recorder = self.recorder();
+        if let Some(capture) = recorder.capture_here() {
+            capture.keep(dispatch.bindings)?;
+        }
         recorder.dispatch(
             &self.queue(),
             &pipeline,

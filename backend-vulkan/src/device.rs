@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tessera_core::exec::KernelCache;
 use tessera_core::{
     check_byte_range, Buffer, DType, Device, DeviceInfo, Kernel, KernelTime, MemoryStats, Op,
-    PendingBytes, ReadyBytes, Result,
+    PendingBytes, ReadyBytes, Recording, Result,
 };
 use tessera_wgsl::WgslKernel;
 
@@ -52,6 +52,7 @@ impl Device for VulkanDevice {
 
     fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
         check_byte_range("write", buffer, offset, data.len())?;
+        self.ctx.no_host_copy("write")?;
         if data.is_empty() {
             return Ok(());
         }
@@ -60,6 +61,7 @@ impl Device for VulkanDevice {
 
     fn read(&self, buffer: &Arc<dyn Buffer>, offset: usize, out: &mut [u8]) -> Result<()> {
         check_byte_range("read", buffer, offset, out.len())?;
+        self.ctx.no_host_copy("read")?;
         if out.is_empty() {
             return self.synchronize();
         }
@@ -75,6 +77,7 @@ impl Device for VulkanDevice {
         len: usize,
     ) -> Result<Box<dyn PendingBytes>> {
         check_byte_range("read_later", buffer, offset, len)?;
+        self.ctx.no_host_copy("read_later")?;
         if len == 0 {
             self.synchronize()?;
             return Ok(Box::new(ReadyBytes(Vec::new())));
@@ -89,12 +92,13 @@ impl Device for VulkanDevice {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.ctx.no_host_copy("synchronize")?;
         self.ctx.syncs.fetch_add(1, Ordering::Relaxed);
         self.ctx.drain()
     }
 
     fn memory(&self) -> MemoryStats {
-        lock(&self.ctx.pool).stats()
+        self.ctx.recording_pools.add_to(lock(&self.ctx.pool).stats())
     }
 
     fn set_memory_limit(&self, limit: Option<usize>) {
@@ -124,5 +128,13 @@ impl Device for VulkanDevice {
 
     fn profile(&self) -> Vec<KernelTime> {
         self.ctx.recorder().profile.report()
+    }
+
+    fn begin_recording(&self) -> Result<()> {
+        self.ctx.begin_recording()
+    }
+
+    fn end_recording(&self) -> Result<Box<dyn Recording>> {
+        self.ctx.end_recording()
     }
 }

@@ -44,6 +44,7 @@ mod params;
 mod pipelines;
 mod profile;
 mod record;
+mod replay;
 
 use std::sync::Arc;
 

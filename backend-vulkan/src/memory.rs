@@ -319,6 +319,11 @@ impl VulkanBuffer {
     pub(crate) fn capacity(&self) -> u64 {
         self.class as u64
     }
+
+    /// Whether the buffer goes back to `pool` (a recording's, say) when dropped.
+    pub(crate) fn from_pool(&self, pool: &SharedPool) -> bool {
+        Arc::ptr_eq(&self.pool, pool)
+    }
 }
 
 impl fmt::Debug for VulkanBuffer {

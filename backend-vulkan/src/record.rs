@@ -7,6 +7,10 @@
 //! two windows of one buffer count as the same). It waits for compute and copies, not every
 //! stage. The record survives submission: a barrier orders a command after everything earlier
 //! in submission order, earlier batches included.
+//!
+//! While a thread records a step for replay ([`Capture`], `replay.rs`), its dispatches go
+//! into the recording's command buffer instead of the batch; other threads' work goes on
+//! into the batch.
 
 use std::collections::VecDeque;
 
@@ -17,6 +21,7 @@ use crate::memory::{vk_err, Shared, Staging};
 use crate::params::{ParamBuffer, ParamBuffers};
 use crate::pipelines::Pipeline;
 use crate::profile::Profiler;
+use crate::replay::Capture;
 
 /// What recording and submitting use of the device.
 pub(crate) struct Queue<'a> {
@@ -35,7 +40,8 @@ pub(crate) struct Queue<'a> {
 pub(crate) const MAX_BATCH: usize = 256;
 
 struct Submitted {
-    commands: vk::CommandBuffer,
+    /// The batch's command buffer, to reuse once it has finished (none for a replay).
+    commands: Option<vk::CommandBuffer>,
     value: u64,
     staging: Vec<Staging>,
     params: Vec<ParamBuffer>,
@@ -55,18 +61,23 @@ pub(crate) fn wait_for(shared: &Shared, timeline: vk::Semaphore, value: u64) -> 
 
 /// Buffers read and written since the last barrier.
 #[derive(Default)]
-struct Hazards {
+pub(crate) struct Hazards {
     read: Vec<vk::Buffer>,
     written: Vec<vk::Buffer>,
+    /// Whether the next command waits whatever it touches (work was submitted that these
+    /// lists do not know: a replay).
+    unknown: bool,
 }
 
 impl Hazards {
     /// Notes a command's accesses (`(buffer, writes)` pairs); true where the command must wait
     /// for the commands before it (then the record restarts with this command alone).
     fn access(&mut self, accesses: impl Iterator<Item = (vk::Buffer, bool)> + Clone) -> bool {
-        let conflict = accesses.clone().any(|(buffer, writes)| {
-            self.written.contains(&buffer) || (writes && self.read.contains(&buffer))
-        });
+        let conflict = self.unknown
+            || accesses.clone().any(|(buffer, writes)| {
+                self.written.contains(&buffer) || (writes && self.read.contains(&buffer))
+            });
+        self.unknown = false;
         if conflict {
             self.read.clear();
             self.written.clear();
@@ -95,6 +106,8 @@ pub(crate) struct Recorder {
     free: Vec<vk::CommandBuffer>,
     params: ParamBuffers,
     hazards: Hazards,
+    /// The step the calling thread may be recording for replay.
+    pub(crate) capture: Option<Capture>,
     /// Timestamps around every dispatch, while profiling.
     pub(crate) profiler: Option<Profiler>,
     /// Launches and device time per kernel since profiling started.
@@ -120,6 +133,7 @@ impl Recorder {
             free: Vec::new(),
             params: ParamBuffers::default(),
             hazards: Hazards::default(),
+            capture: None,
             profiler: None,
             profile: KernelTotals::default(),
             submitted: 0,
@@ -133,16 +147,7 @@ impl Recorder {
         }
         let cb = match self.free.pop() {
             Some(cb) => cb,
-            None => {
-                let info = vk::CommandBufferAllocateInfo::default()
-                    .command_pool(self.pool)
-                    .level(vk::CommandBufferLevel::PRIMARY)
-                    .command_buffer_count(1);
-                // SAFETY: the pool belongs to this device and is used under the recorder's
-                // lock only.
-                unsafe { shared.device.allocate_command_buffers(&info) }
-                    .map_err(|e| vk_err("vkAllocateCommandBuffers", e))?[0]
-            }
+            None => self.allocate_commands(shared)?,
         };
         let begin = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
@@ -164,30 +169,15 @@ impl Recorder {
         cb: vk::CommandBuffer,
         accesses: impl Iterator<Item = (vk::Buffer, bool)> + Clone,
     ) {
-        if !self.hazards.access(accesses) && self.profiler.is_none() {
-            return;
+        if self.hazards.access(accesses) || self.profiler.is_some() {
+            barrier(shared, cb);
         }
-        let work = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
-        let barrier = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
-            .dst_access_mask(
-                vk::AccessFlags::SHADER_READ
-                    | vk::AccessFlags::SHADER_WRITE
-                    | vk::AccessFlags::TRANSFER_READ
-                    | vk::AccessFlags::TRANSFER_WRITE,
-            )];
-        // SAFETY: `cb` is recording; the barrier array lives through the call.
-        unsafe {
-            shared.device.cmd_pipeline_barrier(
-                cb,
-                work,
-                work,
-                vk::DependencyFlags::empty(),
-                &barrier,
-                &[],
-                &[],
-            )
-        };
+    }
+
+    /// The calling thread's recording for replay, if it is recording one.
+    pub(crate) fn capture_here(&mut self) -> Option<&mut Capture> {
+        let here = std::thread::current().id();
+        self.capture.as_mut().filter(|c| c.thread == here)
     }
 
     /// Records one kernel dispatch, its parameters as push constants where `immediate`, else
@@ -202,70 +192,38 @@ impl Recorder {
         grid: [u32; 3],
     ) -> Result<()> {
         let shared = ctx.shared;
-        let cb = self.begin(shared)?;
         let accesses = buffers
             .iter()
             .zip(&pipeline.writes)
             .map(|(b, &writes)| (b.buffer, writes));
-        self.barrier_for(shared, cb, accesses);
-        let param_set = if immediate {
-            None
-        } else {
-            Some(
-                self.params
-                    .push(shared, ctx.param_layout, ctx.align, params)?,
-            )
+        let (cb, param_set, captured) = match self.capture_here() {
+            Some(capture) => {
+                let cb = capture.commands;
+                if capture.hazards.access(accesses) {
+                    barrier(shared, cb);
+                }
+                let set = (!immediate)
+                    .then(|| capture.params.push(shared, ctx.param_layout, ctx.align, params))
+                    .transpose()?;
+                (cb, set, true)
+            }
+            None => {
+                let cb = self.begin(shared)?;
+                self.barrier_for(shared, cb, accesses);
+                let set = (!immediate)
+                    .then(|| self.params.push(shared, ctx.param_layout, ctx.align, params))
+                    .transpose()?;
+                (cb, set, false)
+            }
         };
-        let writes: Vec<vk::WriteDescriptorSet> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_binding(i as u32 + 1)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(std::slice::from_ref(info))
-            })
-            .collect();
-        let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        if captured {
+            record_dispatch(ctx, cb, pipeline, buffers, params, param_set, grid);
+            return Ok(());
+        }
         if let Some(profiler) = &mut self.profiler {
             profiler.stamp(&shared.device, cb, &pipeline.name, false);
         }
-        // SAFETY: `cb` is recording; the pipeline, its layout, the parameter set and every
-        // buffer belong to this device and stay alive until the batch has finished (buffers
-        // are retired, not freed, while the queue may use them; parameter buffers stay with
-        // the batch); `writes` and `bytes` live through the calls.
-        unsafe {
-            let device = &shared.device;
-            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
-            if !writes.is_empty() {
-                ctx.push_descriptor.cmd_push_descriptor_set(
-                    cb,
-                    vk::PipelineBindPoint::COMPUTE,
-                    pipeline.layout,
-                    1,
-                    &writes,
-                );
-            }
-            if let Some((set, offset)) = param_set {
-                device.cmd_bind_descriptor_sets(
-                    cb,
-                    vk::PipelineBindPoint::COMPUTE,
-                    pipeline.layout,
-                    0,
-                    &[set],
-                    &[offset],
-                );
-            } else if !bytes.is_empty() {
-                device.cmd_push_constants(
-                    cb,
-                    pipeline.layout,
-                    vk::ShaderStageFlags::COMPUTE,
-                    0,
-                    &bytes,
-                );
-            }
-            device.cmd_dispatch(cb, grid[0], grid[1], grid[2]);
-        }
+        record_dispatch(ctx, cb, pipeline, buffers, params, param_set, grid);
         if let Some(profiler) = &mut self.profiler {
             profiler.stamp(&shared.device, cb, &pipeline.name, true);
         }
@@ -328,31 +286,17 @@ impl Recorder {
                 .device
                 .end_command_buffer(cb)
                 .map_err(|e| vk_err("vkEndCommandBuffer", e))?;
-            let values = [value];
-            let mut timeline =
-                vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
-            let semaphores = [ctx.timeline];
-            let buffers = [cb];
-            let submit = vk::SubmitInfo::default()
-                .command_buffers(&buffers)
-                .signal_semaphores(&semaphores)
-                .push_next(&mut timeline);
-            shared
-                .device
-                .queue_submit(ctx.queue, &[submit], vk::Fence::null())
+            submit_commands(ctx, cb, value)
         };
         self.commands = 0;
         self.in_flight.push_back(Submitted {
-            commands: cb,
+            commands: Some(cb),
             value,
             staging: std::mem::take(&mut self.staging),
             params: self.params.take_batch(),
         });
-        submitted.map_err(|e| vk_err("vkQueueSubmit", e))?;
-        self.submitted = value;
-        shared
-            .recording
-            .store(value + 1, std::sync::atomic::Ordering::Release);
+        submitted?;
+        self.submitted_up_to(shared, value);
         if let Some(profiler) = &mut self.profiler {
             // The batch's timestamps are read before the next batch resets them.
             wait_for(shared, ctx.timeline, value)?;
@@ -361,20 +305,68 @@ impl Recorder {
         Ok(value)
     }
 
+    /// Notes that batch `value` was submitted: memory let go from now on waits for the next.
+    fn submitted_up_to(&mut self, shared: &Shared, value: u64) {
+        self.submitted = value;
+        shared
+            .recording
+            .store(value + 1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Submits the batch being recorded, then a recorded step's command buffer `cb`; the
+    /// batch's next command waits for the step, whose accesses it does not know. Returns the
+    /// number the queue signals when the step has finished.
+    pub(crate) fn submit_replay(&mut self, ctx: &Queue<'_>, cb: vk::CommandBuffer) -> Result<u64> {
+        self.submit(ctx)?;
+        let value = self.submitted + 1;
+        // SAFETY: `cb` was ended with simultaneous use allowed (`Capture`), and the queue is
+        // used under the recorder's lock.
+        unsafe { submit_commands(ctx, cb, value) }?;
+        self.in_flight.push_back(Submitted {
+            commands: None,
+            value,
+            staging: Vec::new(),
+            params: Vec::new(),
+        });
+        self.submitted_up_to(ctx.shared, value);
+        self.hazards.unknown = true;
+        Ok(value)
+    }
+
+    /// A primary command buffer from the device's pool, in the initial state.
+    pub(crate) fn allocate_commands(&mut self, shared: &Shared) -> Result<vk::CommandBuffer> {
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the pool belongs to this device and is used under the recorder's lock only.
+        unsafe { shared.device.allocate_command_buffers(&info) }
+            .map(|buffers| buffers[0])
+            .map_err(|e| vk_err("vkAllocateCommandBuffers", e))
+    }
+
+    /// Frees a command buffer of the device's pool that no pending submission uses.
+    pub(crate) fn free_commands(&mut self, shared: &Shared, cb: vk::CommandBuffer) {
+        // SAFETY: `cb` came from this pool and is not pending (the caller waited for it).
+        unsafe { shared.device.free_command_buffers(self.pool, &[cb]) };
+    }
+
     /// Recycles the command buffers and staging memory of batches up to `completed`.
     pub(crate) fn reclaim(&mut self, shared: &Shared, completed: u64) {
         while self.in_flight.front().is_some_and(|s| s.value <= completed) {
             let Some(done) = self.in_flight.pop_front() else {
                 break;
             };
-            // SAFETY: the batch has finished, so its command buffer is no longer pending.
-            let reset = unsafe {
-                shared
-                    .device
-                    .reset_command_buffer(done.commands, vk::CommandBufferResetFlags::empty())
-            };
-            if reset.is_ok() {
-                self.free.push(done.commands);
+            if let Some(cb) = done.commands {
+                // SAFETY: the batch has finished, so its command buffer is no longer pending.
+                let reset = unsafe {
+                    shared
+                        .device
+                        .reset_command_buffer(cb, vk::CommandBufferResetFlags::empty())
+                };
+                if reset.is_ok() {
+                    self.free.push(cb);
+                }
             }
             for s in done.staging {
                 shared.staging.give_back(shared, s);
@@ -389,6 +381,10 @@ impl Recorder {
     /// No submitted batch may still be pending.
     pub(crate) unsafe fn destroy(&mut self, shared: &Shared) {
         self.reclaim(shared, u64::MAX);
+        // A recording never ended: its command buffer goes with the pool.
+        if let Some(mut capture) = self.capture.take() {
+            capture.params.destroy(shared);
+        }
         for s in std::mem::take(&mut self.staging) {
             shared.free_now(s.buffer, s.allocation);
         }
@@ -399,6 +395,116 @@ impl Recorder {
         // SAFETY: the caller guarantees the queue is idle; freeing the pool frees its buffers.
         unsafe { shared.device.destroy_command_pool(self.pool, None) };
     }
+}
+
+/// Records a barrier that makes the commands after it wait for the compute work and copies
+/// before it, in submission order (earlier batches and replays included).
+pub(crate) fn barrier(shared: &Shared, cb: vk::CommandBuffer) {
+    let work = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+    let barrier = [vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE)
+        .dst_access_mask(
+            vk::AccessFlags::SHADER_READ
+                | vk::AccessFlags::SHADER_WRITE
+                | vk::AccessFlags::TRANSFER_READ
+                | vk::AccessFlags::TRANSFER_WRITE,
+        )];
+    // SAFETY: `cb` is recording; the barrier array lives through the call.
+    unsafe {
+        shared.device.cmd_pipeline_barrier(
+            cb,
+            work,
+            work,
+            vk::DependencyFlags::empty(),
+            &barrier,
+            &[],
+            &[],
+        )
+    };
+}
+
+/// Records one dispatch into `cb`: the pipeline, its buffers as a push descriptor set, its
+/// parameters from `param_set` (set and dynamic offset) or as push constants.
+fn record_dispatch(
+    ctx: &Queue<'_>,
+    cb: vk::CommandBuffer,
+    pipeline: &Pipeline,
+    buffers: &[vk::DescriptorBufferInfo],
+    params: &[u32],
+    param_set: Option<(vk::DescriptorSet, u32)>,
+    grid: [u32; 3],
+) {
+    let writes: Vec<vk::WriteDescriptorSet> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, info)| {
+            vk::WriteDescriptorSet::default()
+                .dst_binding(i as u32 + 1)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(std::slice::from_ref(info))
+        })
+        .collect();
+    let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    // SAFETY: `cb` is recording; the pipeline, its layout, the parameter set and every
+    // buffer belong to this device and stay alive while the queue may run `cb` (buffers are
+    // retired, not freed, while the queue may use them; parameter buffers stay with the batch
+    // or the recording; a recording keeps the buffers it touches); `writes` and `bytes` live
+    // through the calls.
+    unsafe {
+        let device = &ctx.shared.device;
+        device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+        if !writes.is_empty() {
+            ctx.push_descriptor.cmd_push_descriptor_set(
+                cb,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout,
+                1,
+                &writes,
+            );
+        }
+        if let Some((set, offset)) = param_set {
+            device.cmd_bind_descriptor_sets(
+                cb,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout,
+                0,
+                &[set],
+                &[offset],
+            );
+        } else if !bytes.is_empty() {
+            device.cmd_push_constants(
+                cb,
+                pipeline.layout,
+                vk::ShaderStageFlags::COMPUTE,
+                0,
+                &bytes,
+            );
+        }
+        device.cmd_dispatch(cb, grid[0], grid[1], grid[2]);
+    }
+}
+
+/// Submits `cb`, signalling `value` on the timeline when it has finished.
+///
+/// # Safety
+/// `cb` is executable (ended) and may be pending only if it was begun for simultaneous use;
+/// the queue is used under the recorder's lock only.
+unsafe fn submit_commands(ctx: &Queue<'_>, cb: vk::CommandBuffer, value: u64) -> Result<()> {
+    let values = [value];
+    let mut timeline = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+    let semaphores = [ctx.timeline];
+    let buffers = [cb];
+    let submit = vk::SubmitInfo::default()
+        .command_buffers(&buffers)
+        .signal_semaphores(&semaphores)
+        .push_next(&mut timeline);
+    // SAFETY: the caller's contract; the arrays live through the call.
+    unsafe {
+        ctx.shared
+            .device
+            .queue_submit(ctx.queue, &[submit], vk::Fence::null())
+    }
+    .map_err(|e| vk_err("vkQueueSubmit", e))
 }
 
 #[cfg(test)]

@@ -379,10 +379,15 @@ fn decoding_at_device_positions_matches_a_full_forward_on_every_device() {
     }
 }
 
+/// Whether `device`'s backend records work for replay (`Device::begin_recording`).
+fn records_work(device: &Arc<dyn Device>) -> bool {
+    matches!(device.info().backend.as_str(), "cuda" | "vulkan")
+}
+
 /// A decoding step replayed from a recording leaves the same bits as the same step run
 /// eagerly: logits copied out of every step, and the chosen tokens, over 24 steps of GPT-2
-/// and Llama in f32 and bf16. Devices that record work (CUDA graphs) must replay it; the
-/// others run both eagerly.
+/// and Llama in f32 and bf16. Devices that record work (CUDA graphs, Vulkan command
+/// buffers) must replay it; the others run both eagerly.
 #[test]
 fn replayed_decoding_steps_give_the_bits_of_eager_ones_on_every_device() {
     const VOCAB: usize = 64;
@@ -391,7 +396,7 @@ fn replayed_decoding_steps_give_the_bits_of_eager_ones_on_every_device() {
     let prompt: Vec<u32> = vec![3, 17, 9, 40, 2];
     let _no_grad = no_grad();
     for device in devices_under_test() {
-        let records = device.info().backend == "cuda";
+        let records = records_work(&device);
         for config in &configs {
             for dtype in [DType::F32, DType::BF16] {
                 if !device.info().dtypes.contains(&dtype) {
@@ -446,7 +451,7 @@ fn replayed_decoding_steps_give_the_bits_of_eager_ones_on_every_device() {
 }
 
 /// Training steps replayed from a recording (the trainer's default where the device records:
-/// cuda) leave the losses, gradient norms and weights an eager trainer leaves, bit for bit,
+/// cuda and vulkan) leave the losses, gradient norms and weights an eager trainer leaves, bit for bit,
 /// over steps whose learning rate changes (warm-up, then cosine decay), with clipping and two
 /// micro-batches per step, in f32 and in bf16 with f32 master weights.
 #[test]
@@ -464,7 +469,7 @@ fn replayed_training_steps_give_the_bits_of_eager_ones_on_every_device() {
         })
         .collect();
     for device in devices_under_test() {
-        let records = device.info().backend == "cuda";
+        let records = records_work(&device);
         for config in &configs {
             for precision in [Precision::F32, Precision::Bf16] {
                 if !device.info().dtypes.contains(&precision.dtype()) {

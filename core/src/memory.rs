@@ -9,6 +9,7 @@
 //! [`Error::OutOfMemory`] and stays usable.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use crate::{Error, MemoryStats, Result};
 
@@ -113,6 +114,48 @@ impl<B> Pool<B> {
 
     pub fn stats(&self) -> MemoryStats {
         self.stats.clone()
+    }
+}
+
+/// The pools of a device's live recordings (`Device::begin_recording`): a recording's
+/// allocations come from a pool of its own, whose memory it holds for as long as it lives.
+/// The device's statistics count that memory as in use from the start of the peak's window
+/// (a conservative peak).
+#[derive(Debug)]
+pub struct RecordingPools<B> {
+    pools: Mutex<Vec<Weak<Mutex<Pool<B>>>>>,
+}
+
+impl<B> Default for RecordingPools<B> {
+    fn default() -> Self {
+        RecordingPools {
+            pools: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<B> RecordingPools<B> {
+    /// Counts `pool`'s memory for as long as something holds it.
+    pub fn hold(&self, pool: &Arc<Mutex<Pool<B>>>) {
+        let mut pools = self.pools.lock().unwrap_or_else(PoisonError::into_inner);
+        pools.retain(|p| p.strong_count() > 0);
+        pools.push(Arc::downgrade(pool));
+    }
+
+    /// `device`'s statistics with the memory the live recordings hold added.
+    pub fn add_to(&self, mut device: MemoryStats) -> MemoryStats {
+        let held: usize = self
+            .pools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|p| p.lock().unwrap_or_else(PoisonError::into_inner).stats().reserved)
+            .sum();
+        device.in_use += held;
+        device.peak += held;
+        device.reserved += held;
+        device
     }
 }
 

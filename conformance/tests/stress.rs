@@ -179,3 +179,40 @@ fn a_training_step_never_waits_for_the_device() {
         }
     }
 }
+
+/// On devices that record work for replay: a recorded step runs nothing until replayed, each
+/// replay runs it on the values its buffers hold then (a counter stepped once per run counts
+/// every replay), and host copies and waits inside the recording are refused with an error
+/// that leaves the recording and the device usable. Devices that do not record say
+/// `Unsupported`.
+#[test]
+fn a_recorded_step_replays_on_current_values_and_refuses_host_copies() {
+    for device in devices_under_test() {
+        let id = device.info().id();
+        let counter = Tensor::zeros(&[1000], DType::F32, &device).unwrap();
+        let step = || counter.copy_from(&counter.add_scalar(1.0)?);
+        match device.begin_recording() {
+            Ok(()) => {}
+            Err(Error::Unsupported { .. }) => continue,
+            Err(e) => panic!("{id}: begin_recording: {e}"),
+        }
+        step().unwrap();
+        let read = counter.to_vec::<f32>().expect_err("a read inside a recording");
+        assert!(read.to_string().contains("read"), "{id}: {read}");
+        let wait = device.synchronize().expect_err("a wait inside a recording");
+        assert!(wait.to_string().contains("synchronize"), "{id}: {wait}");
+        let recording = device.end_recording().unwrap();
+        let values = |t: &Tensor| t.to_vec::<f32>().unwrap();
+        assert_eq!(values(&counter), vec![0.0; 1000], "{id}: before any replay");
+        for _ in 0..3 {
+            recording.replay().unwrap();
+        }
+        assert_eq!(values(&counter), vec![3.0; 1000], "{id}: after three replays");
+        step().unwrap();
+        recording.replay().unwrap();
+        assert_eq!(values(&counter), vec![5.0; 1000], "{id}: eager and replayed runs");
+        drop(recording);
+        let again = device.end_recording().expect_err("no recording in progress");
+        assert!(matches!(again, Error::Invalid { .. }), "{id}: {again:?}");
+    }
+}

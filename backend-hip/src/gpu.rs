@@ -162,6 +162,16 @@ impl Gpu {
         if let Some(&f) = lock(&self.functions).get(key) {
             return Ok(f);
         }
+        if self.recording_here() {
+            // Loading a module inside a stream capture invalidates the capture.
+            return Err(Error::invalid(
+                "begin_recording",
+                format!(
+                    "kernel {key} is first used inside a recording, where it cannot be \
+                     loaded; run the step once before recording it"
+                ),
+            ));
+        }
         let source = source()?;
         let text = source.text();
         let compiler = self.driver.compiler();

@@ -180,7 +180,8 @@ fn a_training_step_never_waits_for_the_device() {
     }
 }
 
-/// On devices that record work for replay: a recorded step runs nothing until replayed, each
+/// On devices that record work for replay: a recorded step (run once before, as
+/// `ReplayedStep` does) runs nothing until replayed, each
 /// replay runs it on the values its buffers hold then (a counter stepped once per run counts
 /// every replay), and host copies and waits inside the recording are refused with an error
 /// that leaves the recording and the device usable. Devices that do not record say
@@ -191,6 +192,8 @@ fn a_recorded_step_replays_on_current_values_and_refuses_host_copies() {
         let id = device.info().id();
         let counter = Tensor::zeros(&[1000], DType::F32, &device).unwrap();
         let step = || counter.copy_from(&counter.add_scalar(1.0)?);
+        // Run once first, as `ReplayedStep` does, so that its kernels are loaded.
+        step().unwrap();
         match device.begin_recording() {
             Ok(()) => {}
             Err(Error::Unsupported { .. }) => continue,
@@ -203,14 +206,14 @@ fn a_recorded_step_replays_on_current_values_and_refuses_host_copies() {
         assert!(wait.to_string().contains("synchronize"), "{id}: {wait}");
         let recording = device.end_recording().unwrap();
         let values = |t: &Tensor| t.to_vec::<f32>().unwrap();
-        assert_eq!(values(&counter), vec![0.0; 1000], "{id}: before any replay");
+        assert_eq!(values(&counter), vec![1.0; 1000], "{id}: before any replay");
         for _ in 0..3 {
             recording.replay().unwrap();
         }
-        assert_eq!(values(&counter), vec![3.0; 1000], "{id}: after three replays");
+        assert_eq!(values(&counter), vec![4.0; 1000], "{id}: after three replays");
         step().unwrap();
         recording.replay().unwrap();
-        assert_eq!(values(&counter), vec![5.0; 1000], "{id}: eager and replayed runs");
+        assert_eq!(values(&counter), vec![6.0; 1000], "{id}: eager and replayed runs");
         drop(recording);
         let again = device.end_recording().expect_err("no recording in progress");
         assert!(matches!(again, Error::Invalid { .. }), "{id}: {again:?}");

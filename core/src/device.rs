@@ -223,7 +223,10 @@ pub trait Device: Send + Sync + Debug {
     /// order the work was queued, so replays find them as the recording left them; the
     /// recording also keeps alive every other buffer its work touches. A recorded step must
     /// not copy between host and device (reads and writes are refused) and takes its
-    /// per-step values from device buffers. A backend that cannot replay work says
+    /// per-step values from device buffers. Its kernels must have run once before (a backend
+    /// may be unable to load kernels while it records: the HIP backend refuses), as
+    /// [`crate::ReplayedStep`] ensures by running a step eagerly before recording it. A
+    /// backend that cannot replay work says
     /// `Unsupported` (the default); [`crate::ReplayedStep`] then runs steps eagerly.
     fn begin_recording(&self) -> Result<()> {
         Err(crate::Error::unsupported(

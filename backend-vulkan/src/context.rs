@@ -12,7 +12,7 @@ use tessera_wgsl::{device_dtypes, Caps, Dispatch, Gpu};
 
 use crate::instance::{
     features, instance, Physical, COOPERATIVE_MATRIX, DEVICE_SETUP, REQUIRED_EXTENSIONS,
-    ZERO_INITIALIZE_WORKGROUP_MEMORY,
+    SUBGROUP_SIZE_CONTROL, ZERO_INITIALIZE_WORKGROUP_MEMORY,
 };
 use crate::memory::{lock, vk_err, vulkan_buffer, Block, Shared, SharedPool, VulkanBuffer};
 use crate::pipelines::Pipelines;
@@ -78,6 +78,10 @@ impl Context {
             .vulkan_memory_model_device_scope(tensor_cores);
         let mut coop_feature =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let pin_subgroups = physical.pin_subgroups;
+        let mut size_control_feature = vk::PhysicalDeviceSubgroupSizeControlFeatures::default()
+            .subgroup_size_control(true)
+            .compute_full_subgroups(true);
         let zero_init = physical.zero_initializes_workgroup_memory;
         let mut zero_init_feature =
             vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default()
@@ -94,6 +98,9 @@ impl Context {
         if tensor_cores {
             extensions.push(COOPERATIVE_MATRIX.as_ptr());
         }
+        if pin_subgroups {
+            extensions.push(SUBGROUP_SIZE_CONTROL.as_ptr());
+        }
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
@@ -106,6 +113,11 @@ impl Context {
         };
         let create = if tensor_cores {
             create.push_next(&mut coop_feature)
+        } else {
+            create
+        };
+        let create = if pin_subgroups {
+            create.push_next(&mut size_control_feature)
         } else {
             create
         };
@@ -153,7 +165,13 @@ impl Context {
             queue,
             timeline,
             recorder: Mutex::new(recorder),
-            pipelines: Pipelines::new(&shared, &props, push_constant_bytes, zero_init)?,
+            pipelines: Pipelines::new(
+                &shared,
+                &props,
+                push_constant_bytes,
+                zero_init,
+                pin_subgroups,
+            )?,
             pool: Arc::new(Mutex::new(Pool::default())),
             recording_pools: RecordingPools::default(),
             next_id: AtomicU64::new(0),
@@ -222,7 +240,12 @@ impl Context {
             },
         )?;
         drop(pool);
-        Ok(Arc::new(VulkanBuffer::new(block, bytes, class, from.clone())))
+        Ok(Arc::new(VulkanBuffer::new(
+            block,
+            bytes,
+            class,
+            from.clone(),
+        )))
     }
 
     /// The number of the last batch the queue has finished.

@@ -98,7 +98,9 @@ impl Device for VulkanDevice {
     }
 
     fn memory(&self) -> MemoryStats {
-        self.ctx.recording_pools.add_to(lock(&self.ctx.pool).stats())
+        self.ctx
+            .recording_pools
+            .add_to(lock(&self.ctx.pool).stats())
     }
 
     fn set_memory_limit(&self, limit: Option<usize>) {

@@ -39,6 +39,10 @@ pub(crate) struct Physical {
     pub(crate) zero_initializes_workgroup_memory: bool,
     /// Tensor cores the shared `coop` matmul kernel can use ([`tensor_cores`]).
     pub(crate) tensor_cores: bool,
+    /// Whether cooperative-matrix kernels are pinned to full subgroups of 32 through
+    /// subgroup size control (`VK_EXT_subgroup_size_control`): needed where the device may
+    /// pick another size (AMD's 32 or 64), and used wherever it is offered.
+    pub(crate) pin_subgroups: bool,
 }
 
 /// Vulkan 1.2: timeline semaphores, 16-bit storage and `shaderFloat16` are core there.
@@ -122,11 +126,12 @@ fn usable(
     let (v11, v12) = features(instance, pd);
     let zero_initializes_workgroup_memory =
         has(ZERO_INITIALIZE_WORKGROUP_MEMORY) && zero_initialize_feature(instance, pd);
+    let size_control = has(SUBGROUP_SIZE_CONTROL) && subgroup_size_control_features(instance, pd);
     let tensor_cores = has(COOPERATIVE_MATRIX)
         && v12.vulkan_memory_model == vk::TRUE
         && v12.vulkan_memory_model_device_scope == vk::TRUE
         && v12.shader_float16 == vk::TRUE
-        && tensor_cores(entry, instance, pd, has(SUBGROUP_SIZE_CONTROL));
+        && tensor_cores(entry, instance, pd, size_control);
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -142,19 +147,32 @@ fn usable(
         cpu: props.device_type == vk::PhysicalDeviceType::CPU,
         zero_initializes_workgroup_memory,
         tensor_cores,
+        pin_subgroups: tensor_cores && size_control,
     })
 }
 
 /// The cooperative-matrix extension (tensor cores).
 pub(crate) const COOPERATIVE_MATRIX: &CStr = ash::khr::cooperative_matrix::NAME;
 
-/// The extension that lets a device's subgroup size vary (its range is read from it).
-const SUBGROUP_SIZE_CONTROL: &CStr = ash::ext::subgroup_size_control::NAME;
+/// The extension that lets a device's subgroup size vary and lets a pipeline pin it.
+pub(crate) const SUBGROUP_SIZE_CONTROL: &CStr = ash::ext::subgroup_size_control::NAME;
+
+/// Whether `pd` offers both features of subgroup size control: a pipeline may ask for a size
+/// (`subgroupSizeControl`) and for full subgroups (`computeFullSubgroups`).
+fn subgroup_size_control_features(instance: &ash::Instance, pd: vk::PhysicalDevice) -> bool {
+    let mut control = vk::PhysicalDeviceSubgroupSizeControlFeatures::default();
+    let mut all = vk::PhysicalDeviceFeatures2::default().push_next(&mut control);
+    // SAFETY: `pd` came from this instance and lists the extension (checked by the caller);
+    // the chain lives through the call.
+    unsafe { instance.get_physical_device_features2(pd, &mut all) };
+    control.subgroup_size_control == vk::TRUE && control.compute_full_subgroups == vk::TRUE
+}
 
 /// Whether `pd` multiplies 16x16x16 f16 cooperative matrices into f32 in subgroups of exactly
 /// 32 invocations: the shape the shared `coop` matmul kernel is written for (NVIDIA's tensor
-/// cores), as the wgpu backend checks it. A device listing `size_control` must also keep its
-/// subgroups at 32 over the whole range it may pick from.
+/// cores), as the wgpu backend checks it. With subgroup size control (`size_control`) 32 need
+/// only be among the sizes compute pipelines may ask for (the kernel's pipelines then pin
+/// it); without it, it must be the device's one size.
 fn tensor_cores(
     entry: &ash::Entry,
     instance: &ash::Instance,
@@ -172,8 +190,14 @@ fn tensor_cores(
         // only structures of what `pd` offers.
         unsafe { instance.get_physical_device_properties2(pd, &mut props) };
     }
-    let only_32 = subgroup.subgroup_size == 32
-        && (!size_control || (range.min_subgroup_size == 32 && range.max_subgroup_size == 32));
+    let only_32 = if size_control {
+        (range.min_subgroup_size..=range.max_subgroup_size).contains(&32)
+            && range
+                .required_subgroup_size_stages
+                .contains(vk::ShaderStageFlags::COMPUTE)
+    } else {
+        subgroup.subgroup_size == 32
+    };
     let coop = ash::khr::cooperative_matrix::Instance::new(entry, instance);
     // SAFETY: the extension is present on `pd` (checked by the caller), which came from this
     // instance.

@@ -19,11 +19,18 @@
 //! in every kernel kept lavapipe recompiling the matmul kernels on each run, which made the
 //! conformance suite take over an hour there; it takes about 7 minutes now).
 //!
+//! Steps are recorded once and replayed (`Device::begin_recording`, `replay.rs`): the
+//! recording thread's dispatches go into a command buffer of their own that every replay
+//! submits again, so the trainer's f32 and bf16 steps and generation's decoding step cost one
+//! submission each after the second.
+//!
 //! Reads started early (`read_later`) let decoding record step `t + 1` while token `t` is
 //! copied (`host.rs`); `Device::set_profiling` times each dispatch with timestamp queries
 //! (`profile.rs`). Where the device multiplies 16x16x16 f16 cooperative matrices in
 //! subgroups of 32 (`VK_KHR_cooperative_matrix`: NVIDIA's tensor cores), f16 matmuls run the
-//! shared `coop` kernel, as on wgpu (`instance.rs`, `tensor_cores`).
+//! shared `coop` kernel, as on wgpu (`instance.rs`, `tensor_cores`). Where the device offers
+//! subgroup size control, kernels on cooperative matrices ask for full subgroups of 32, so
+//! devices that may pick another size (AMD's 32 or 64) qualify too.
 //!
 //! Measured on an H100 (`benches/README.md`): every op conformant in f32, f16 and bf16;
 //! GPT-2 124M training in f32 as fast as wgpu's (the same kernels), in f16 faster (tensor
@@ -31,8 +38,7 @@
 //!
 //! Not yet here (the backend's issue lists them): bf16 on tensor cores
 //! (`VK_KHR_shader_bfloat16`, which WGSL cannot express: a SPIR-V kernel of its own), larger
-//! cooperative-matrix tiles (`VK_NV_cooperative_matrix2`), replaying recorded steps, subgroup
-//! size control.
+//! cooperative-matrix tiles (`VK_NV_cooperative_matrix2`).
 
 mod context;
 mod device;

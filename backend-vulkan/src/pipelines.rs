@@ -52,7 +52,13 @@ pub(crate) struct Pipelines {
     /// How kernels get their workgroup memory zeroed: by the driver where it can, else by
     /// code naga writes into each kernel.
     zero_initialize: spv::ZeroInitializeWorkgroupMemoryMode,
+    /// Whether kernels on cooperative matrices ask for full subgroups of
+    /// [`COOPERATIVE_SUBGROUP`] (the device may pick other sizes, or offers the control).
+    pin_subgroups: bool,
 }
+
+/// The subgroup size the cooperative-matrix kernels are written for.
+const COOPERATIVE_SUBGROUP: u32 = 32;
 
 /// Set 0 (empty, or the parameter buffer), and set 1's push-descriptor layout with the
 /// pipeline layout by number of data bindings and whether parameters are push constants.
@@ -71,6 +77,7 @@ impl Pipelines {
         props: &vk::PhysicalDeviceProperties,
         push_constant_bytes: u32,
         driver_zeroes_workgroup_memory: bool,
+        pin_subgroups: bool,
     ) -> Result<Pipelines> {
         let set_layout = |info: &vk::DescriptorSetLayoutCreateInfo| {
             // SAFETY: the device is valid; `info` lives through the call.
@@ -87,6 +94,7 @@ impl Pipelines {
             set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&param_binding))?;
         let driver_cache = DriverCache::open(shared, props)?;
         Ok(Pipelines {
+            pin_subgroups,
             cache: PipelineCache::default(),
             driver_cache,
             zero_initialize: if driver_zeroes_workgroup_memory {
@@ -190,10 +198,20 @@ impl Pipelines {
         // SAFETY: the device is valid; `words` is a SPIR-V module naga validated and wrote.
         let module = unsafe { device.create_shader_module(&module_info, None) }
             .map_err(|e| vk_err("vkCreateShaderModule", e))?;
+        // A kernel on cooperative matrices is written for full subgroups of 32.
+        let mut subgroup_size = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
+            .required_subgroup_size(COOPERATIVE_SUBGROUP);
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(c"main");
+        let stage = if self.pin_subgroups && src.contains("coop_mat") {
+            stage
+                .flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS_EXT)
+                .push_next(&mut subgroup_size)
+        } else {
+            stage
+        };
         let info = vk::ComputePipelineCreateInfo::default()
             .stage(stage)
             .layout(layout);

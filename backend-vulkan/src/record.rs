@@ -203,7 +203,11 @@ impl Recorder {
                     barrier(shared, cb);
                 }
                 let set = (!immediate)
-                    .then(|| capture.params.push(shared, ctx.param_layout, ctx.align, params))
+                    .then(|| {
+                        capture
+                            .params
+                            .push(shared, ctx.param_layout, ctx.align, params)
+                    })
                     .transpose()?;
                 (cb, set, true)
             }
@@ -211,7 +215,10 @@ impl Recorder {
                 let cb = self.begin(shared)?;
                 self.barrier_for(shared, cb, accesses);
                 let set = (!immediate)
-                    .then(|| self.params.push(shared, ctx.param_layout, ctx.align, params))
+                    .then(|| {
+                        self.params
+                            .push(shared, ctx.param_layout, ctx.align, params)
+                    })
                     .transpose()?;
                 (cb, set, false)
             }

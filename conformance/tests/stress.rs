@@ -200,7 +200,9 @@ fn a_recorded_step_replays_on_current_values_and_refuses_host_copies() {
             Err(e) => panic!("{id}: begin_recording: {e}"),
         }
         step().unwrap();
-        let read = counter.to_vec::<f32>().expect_err("a read inside a recording");
+        let read = counter
+            .to_vec::<f32>()
+            .expect_err("a read inside a recording");
         assert!(read.to_string().contains("read"), "{id}: {read}");
         let wait = device.synchronize().expect_err("a wait inside a recording");
         assert!(wait.to_string().contains("synchronize"), "{id}: {wait}");
@@ -210,12 +212,22 @@ fn a_recorded_step_replays_on_current_values_and_refuses_host_copies() {
         for _ in 0..3 {
             recording.replay().unwrap();
         }
-        assert_eq!(values(&counter), vec![4.0; 1000], "{id}: after three replays");
+        assert_eq!(
+            values(&counter),
+            vec![4.0; 1000],
+            "{id}: after three replays"
+        );
         step().unwrap();
         recording.replay().unwrap();
-        assert_eq!(values(&counter), vec![6.0; 1000], "{id}: eager and replayed runs");
+        assert_eq!(
+            values(&counter),
+            vec![6.0; 1000],
+            "{id}: eager and replayed runs"
+        );
         drop(recording);
-        let again = device.end_recording().expect_err("no recording in progress");
+        let again = device
+            .end_recording()
+            .expect_err("no recording in progress");
         assert!(matches!(again, Error::Invalid { .. }), "{id}: {again:?}");
     }
 }

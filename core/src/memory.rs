@@ -150,7 +150,12 @@ impl<B> RecordingPools<B> {
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .filter_map(Weak::upgrade)
-            .map(|p| p.lock().unwrap_or_else(PoisonError::into_inner).stats().reserved)
+            .map(|p| {
+                p.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .stats()
+                    .reserved
+            })
             .sum();
         device.in_use += held;
         device.peak += held;

@@ -7,19 +7,33 @@ use std::sync::Arc;
 use tessera::{Device, DeviceListing};
 
 /// Every device present, narrowed to the backends named in `TESSERA_DEVICES`
-/// (comma-separated backend names or device ids, e.g. `cpu,wgpu:0`).
+/// (comma-separated backend names or device ids, e.g. `cpu,wgpu:0`). A name that matches no
+/// device present fails the test that asked, so that a suite never passes over nothing
+/// (`TESSERA_DEVICES=vulkan` without a Vulkan driver, say).
 pub fn listings_under_test() -> Vec<DeviceListing> {
-    let filter: Option<Vec<String>> = std::env::var("TESSERA_DEVICES")
+    let present = tessera::devices();
+    let Some(names) = std::env::var("TESSERA_DEVICES")
         .ok()
         .filter(|s| !s.trim().is_empty())
-        .map(|s| s.split(',').map(|p| p.trim().to_string()).collect());
-    tessera::devices()
+    else {
+        return present;
+    };
+    let names: Vec<&str> = names.split(',').map(str::trim).collect();
+    let named = |d: &DeviceListing, w: &str| w == d.backend || w == d.id;
+    for w in &names {
+        assert!(
+            present.iter().any(|d| named(d, w)),
+            "TESSERA_DEVICES names {w:?}, but no such device is present (present: {})",
+            present
+                .iter()
+                .map(|d| d.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    present
         .into_iter()
-        .filter(|d| {
-            filter
-                .as_ref()
-                .is_none_or(|f| f.iter().any(|w| *w == d.backend || *w == d.id))
-        })
+        .filter(|d| names.iter().any(|w| named(d, w)))
         .collect()
 }
 

@@ -321,7 +321,7 @@ impl VulkanBuffer {
     }
 
     /// Whether the buffer goes back to `pool` (a recording's, say) when dropped.
-    pub(crate) fn from_pool(&self, pool: &SharedPool) -> bool {
+    pub(crate) fn returns_to(&self, pool: &SharedPool) -> bool {
         Arc::ptr_eq(&self.pool, pool)
     }
 }

@@ -43,7 +43,7 @@ impl Capture {
     pub(crate) fn keep(&mut self, bindings: &[Binding<'_>]) -> Result<()> {
         for b in bindings {
             let buffer = vulkan_buffer(b.buffer)?;
-            if !buffer.from_pool(&self.pool) {
+            if !buffer.returns_to(&self.pool) {
                 self.kept
                     .entry(buffer.handle())
                     .or_insert_with(|| b.buffer.clone());

@@ -8,20 +8,22 @@
 //! stage. The record survives submission: a barrier orders a command after everything earlier
 //! in submission order, earlier batches included.
 //!
-//! While a thread records a step for replay ([`Capture`], `replay.rs`), its dispatches go
-//! into the recording's command buffer instead of the batch; other threads' work goes on
-//! into the batch.
+//! While a thread records a step for replay ([`Capture`]; `replay.rs` begins and ends it),
+//! its dispatches go into the recording's command buffer instead of the batch; other
+//! threads' work goes on into the batch.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::thread::ThreadId;
 
 use ash::vk;
-use tessera_core::{KernelTotals, Result};
+use tessera_core::{Buffer, KernelTotals, Result};
+use tessera_wgsl::Binding;
 
-use crate::memory::{vk_err, Shared, Staging};
+use crate::memory::{vk_err, vulkan_buffer, Shared, SharedPool, Staging};
 use crate::params::{ParamBuffer, ParamBuffers};
 use crate::pipelines::Pipeline;
 use crate::profile::Profiler;
-use crate::replay::Capture;
 
 /// What recording and submitting use of the device.
 pub(crate) struct Queue<'a> {
@@ -93,6 +95,45 @@ impl Hazards {
             }
         }
         conflict
+    }
+}
+
+/// A step being recorded by one thread for replay (`replay.rs`).
+pub(crate) struct Capture {
+    pub(crate) thread: ThreadId,
+    pub(crate) commands: vk::CommandBuffer,
+    pub(crate) hazards: Hazards,
+    pub(crate) params: ParamBuffers,
+    /// Where the recording thread's allocations come from.
+    pub(crate) pool: SharedPool,
+    /// The buffers from elsewhere that the step's dispatches touch, by handle.
+    pub(crate) kept: HashMap<vk::Buffer, Arc<dyn Buffer>>,
+}
+
+impl Capture {
+    /// A recording by the calling thread into `commands`, begun for simultaneous use.
+    pub(crate) fn new(commands: vk::CommandBuffer) -> Capture {
+        Capture {
+            thread: std::thread::current().id(),
+            commands,
+            hazards: Hazards::default(),
+            params: ParamBuffers::default(),
+            pool: SharedPool::default(),
+            kept: HashMap::new(),
+        }
+    }
+
+    /// Keeps the buffers of `bindings` that are not the recording's own alive with it.
+    pub(crate) fn keep(&mut self, bindings: &[Binding<'_>]) -> Result<()> {
+        for b in bindings {
+            let buffer = vulkan_buffer(b.buffer)?;
+            if !buffer.returns_to(&self.pool) {
+                self.kept
+                    .entry(buffer.handle())
+                    .or_insert_with(|| b.buffer.clone());
+            }
+        }
+        Ok(())
     }
 }
 

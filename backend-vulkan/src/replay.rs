@@ -12,46 +12,16 @@
 //! and a device that is timing kernels does not record (each dispatch would need its own
 //! timestamps in every replay).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::ThreadId;
 
 use ash::vk;
 use tessera_core::{Buffer, Error, Recording, Result};
-use tessera_wgsl::Binding;
 
 use crate::context::Context;
-use crate::memory::{vk_err, vulkan_buffer, SharedPool};
+use crate::memory::{vk_err, SharedPool};
 use crate::params::ParamBuffers;
-use crate::record::{barrier, Hazards};
-
-/// A step being recorded by one thread.
-pub(crate) struct Capture {
-    pub(crate) thread: ThreadId,
-    pub(crate) commands: vk::CommandBuffer,
-    pub(crate) hazards: Hazards,
-    pub(crate) params: ParamBuffers,
-    /// Where the recording thread's allocations come from.
-    pub(crate) pool: SharedPool,
-    /// The buffers from elsewhere that the step's dispatches touch, by handle.
-    kept: HashMap<vk::Buffer, Arc<dyn Buffer>>,
-}
-
-impl Capture {
-    /// Keeps the buffers of `bindings` that are not the recording's own alive with it.
-    pub(crate) fn keep(&mut self, bindings: &[Binding<'_>]) -> Result<()> {
-        for b in bindings {
-            let buffer = vulkan_buffer(b.buffer)?;
-            if !buffer.returns_to(&self.pool) {
-                self.kept
-                    .entry(buffer.handle())
-                    .or_insert_with(|| b.buffer.clone());
-            }
-        }
-        Ok(())
-    }
-}
+use crate::record::{barrier, Capture};
 
 impl Context {
     /// Starts recording the calling thread's work (`Device::begin_recording`).
@@ -80,35 +50,29 @@ impl Context {
         }
         // Each replay waits for everything submitted before it (the previous replay too).
         barrier(&self.shared, commands);
-        recorder.capture = Some(Capture {
-            thread: std::thread::current().id(),
-            commands,
-            hazards: Hazards::default(),
-            params: ParamBuffers::default(),
-            pool: SharedPool::default(),
-            kept: HashMap::new(),
-        });
+        recorder.capture = Some(Capture::new(commands));
         Ok(())
     }
 
     /// Ends the calling thread's recording (`Device::end_recording`).
     pub(crate) fn end_recording(self: &Arc<Self>) -> Result<Box<dyn Recording>> {
         let here = std::thread::current().id();
-        let taken = self.recorder().capture.take_if(|c| c.thread == here);
-        let Some(mut capture) = taken else {
+        let mut recorder = self.recorder();
+        let Some(mut capture) = recorder.capture.take_if(|c| c.thread == here) else {
             return Err(Error::invalid(
                 "end_recording",
                 "this thread is not recording on the device",
             ));
         };
-        // SAFETY: the command buffer is recording and belongs to this thread's capture alone.
+        // SAFETY: the command buffer is recording; it and its pool are used under the
+        // recorder's lock.
         let ended = unsafe { self.shared.device.end_command_buffer(capture.commands) };
         if let Err(e) = ended {
-            self.recorder()
-                .free_commands(&self.shared, capture.commands);
+            recorder.free_commands(&self.shared, capture.commands);
             capture.params.destroy(&self.shared);
             return Err(vk_err("vkEndCommandBuffer", e));
         }
+        drop(recorder);
         self.recording_pools.hold(&capture.pool);
         Ok(Box::new(VulkanRecording {
             ctx: self.clone(),
@@ -174,8 +138,9 @@ impl Drop for VulkanRecording {
     fn drop(&mut self) {
         let last = self.last_replay.load(Ordering::Relaxed);
         if self.ctx.wait(last).is_err() {
-            // The device is lost: nothing runs any more, but freeing what a pending
-            // submission may name is not allowed; the device's teardown frees it all.
+            // The device is lost, and freeing what a submission may still name is not
+            // allowed: the command buffer goes with the command pool, the parameter buffers'
+            // memory with the allocator, when the device is dropped.
             return;
         }
         self.ctx

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tessera_core::dist::{Collective, HostCollective, Rendezvous};
 use tessera_core::exec::KernelCache;
 use tessera_core::memory::Pool;
 use tessera_core::ops::{check_dtypes, validate_kernel_launch};
@@ -201,6 +202,14 @@ impl Device for CpuDevice {
 
     fn host_syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// The CPU's collectives go over the rendezvous links ([`HostCollective`]).
+    fn join_collective(
+        self: Arc<Self>,
+        rendezvous: &Arc<Rendezvous>,
+    ) -> Result<Arc<dyn Collective>> {
+        Ok(Arc::new(HostCollective::new(self, rendezvous.clone())))
     }
 }
 

@@ -53,5 +53,6 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
 }
 
 tessera_core::inventory::submit! {
-    tessera_core::BackendEntry { name: "cpu", priority: 0, probe, open, why_absent: || None }
+    tessera_core::BackendEntry { name: "cpu", priority: 0, probe, open, why_absent: || None,
+        why_no_collectives: || None }
 }

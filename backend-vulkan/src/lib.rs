@@ -72,5 +72,6 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
 }
 
 tessera_core::inventory::submit! {
-    BackendEntry { name: "vulkan", priority: 5, probe, open, why_absent: || None }
+    BackendEntry { name: "vulkan", priority: 5, probe, open, why_absent: || None,
+        why_no_collectives: || Some("the vulkan backend has no collective library".into()) }
 }

@@ -62,5 +62,6 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
 }
 
 tessera_core::inventory::submit! {
-    BackendEntry { name: "wgpu", priority: 10, probe, open, why_absent: || None }
+    BackendEntry { name: "wgpu", priority: 10, probe, open, why_absent: || None,
+        why_no_collectives: || Some("the wgpu backend has no collective library".into()) }
 }

@@ -242,6 +242,20 @@ pub trait Device: Send + Sync + Debug {
             "recording work for replay",
         ))
     }
+    /// Joins the world of `rendezvous` with this device: the collectives of data-parallel
+    /// training ([`crate::dist`]), through the vendor's library (NCCL, RCCL). Every rank
+    /// calls it once, at the same point. A backend without collectives says `Unsupported`
+    /// (the default).
+    fn join_collective(
+        self: Arc<Self>,
+        rendezvous: &Arc<crate::dist::Rendezvous>,
+    ) -> Result<Arc<dyn crate::dist::Collective>> {
+        let _ = rendezvous;
+        Err(crate::Error::unsupported(
+            &self.info().backend,
+            "collectives (data-parallel training)",
+        ))
+    }
 }
 
 /// Work recorded by [`Device::end_recording`] (a CUDA graph, say).

@@ -67,6 +67,10 @@ pub enum Error {
     /// Backend runtime failures (driver errors, lost devices).
     #[error("{backend}: {detail}")]
     Backend { backend: String, detail: String },
+    /// A collective across ranks that cannot go on: a rank stopped, a link was lost, the
+    /// vendor's collective library failed.
+    #[error("collective: {detail}")]
+    Collective { detail: String },
     /// Malformed, truncated or inconsistent files (safetensors, configs, checkpoints).
     #[error("{path}: {detail}")]
     Format { path: String, detail: String },

@@ -9,6 +9,7 @@
 pub mod checkpoint;
 pub mod data;
 mod device;
+pub mod dist;
 mod dtype;
 mod error;
 pub mod exec;
@@ -35,7 +36,8 @@ pub use error::{dtypes_str, Error, Result};
 pub use layout::{broadcast_shapes, contiguous_strides, merge_dims, normalize_axis, numel, Layout};
 pub use ops::{BinaryOp, CompareOp, Conv2dParams, Op, OpFamily, ReduceOp, TensorSpec, UnaryOp};
 pub use registry::{
-    absent_backends, default_device, devices, open_device, BackendEntry, DeviceListing,
+    absent_backends, check_collectives, default_device, devices, open_device, BackendEntry,
+    DeviceListing,
 };
 pub use replay::ReplayedStep;
 pub use tensor::{is_grad_enabled, no_grad, NoGradGuard, PendingVec, Tensor};

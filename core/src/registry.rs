@@ -22,6 +22,10 @@ pub struct BackendEntry {
     /// Why the backend lists no devices, where it can tell (a driver library that is not
     /// installed, say), for `tessera devices`.
     pub why_absent: fn() -> Option<String>,
+    /// Why the backend's devices cannot join collectives (data-parallel training), where
+    /// they cannot: the collective library that is not installed, or that the backend has
+    /// none. `None`: they can.
+    pub why_no_collectives: fn() -> Option<String>,
 }
 
 inventory::collect!(BackendEntry);
@@ -99,6 +103,32 @@ pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
         });
     }
     (entry.open)(ordinal)
+}
+
+/// Checks before workers start that the devices named by `specs` can join collectives: an
+/// error names the missing library or the backend without collectives, in one line.
+pub fn check_collectives(specs: &[&str]) -> Result<()> {
+    let all = entries();
+    for spec in specs {
+        let backend = spec.split_once(':').map_or(*spec, |(b, _)| b);
+        let entry = all
+            .iter()
+            .find(|e| e.name == backend)
+            .ok_or_else(|| Error::Device {
+                name: (*spec).into(),
+                detail: format!(
+                    "no such backend; compiled in: {}",
+                    all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+                ),
+            })?;
+        if let Some(why) = (entry.why_no_collectives)() {
+            return Err(Error::unsupported(
+                backend,
+                format!("data-parallel training on {spec}: {why}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The device named by `TESSERA_DEVICE`, else the best device present.

@@ -11,6 +11,14 @@
 //! steps (dynamic loss scaling reads the gradient norm on the host to decide whether to skip
 //! the update) and steps while kernels are profiled ([`Trainer::set_replay`]); a change of
 //! micro-batch count or shape records again.
+//!
+//! Data-parallel training ([`Trainer::join`]): every rank runs this trainer on its own
+//! device and its own share of each batch. Rank 0's weights are broadcast when a rank
+//! joins; in each step the gradients of the last micro-batch's backward pass are summed
+//! over the ranks in buckets as they become ready (on the collective's own stream, beside
+//! the rest of the pass), and the clipping factor divides by the world size, so the update
+//! is the one a single worker makes with the whole batch. Gradients are reduced in f32 (the
+//! master weights' dtype). The reported loss is the mean over the ranks.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +26,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::checkpoint::{self, TrainState};
+use crate::dist::{Collective, GradientBuckets};
 use crate::models::Transformer;
 use crate::nn::parameters;
 use crate::optim::{clip_grad_norm, Adam, LossScaler, Optimizer, ParamGroup, Schedule};
@@ -85,6 +94,8 @@ pub struct Trainer {
     /// Whether steps may be replayed ([`Trainer::set_replay`]).
     replay: bool,
     replayed: Option<Replayed>,
+    /// The world this trainer is a rank of, if any ([`Trainer::join`]).
+    collective: Option<Arc<dyn Collective>>,
 }
 
 /// A recorded step and the tensors it talks through.
@@ -166,7 +177,32 @@ impl Trainer {
             options,
             replay: true,
             replayed: None,
+            collective: None,
         })
+    }
+
+    /// Makes this trainer a rank of `collective`'s world: rank 0's weights replace this
+    /// rank's, and every step from now on sums gradients over the ranks. Every rank calls it
+    /// at the same step.
+    pub fn join(&mut self, collective: Arc<dyn Collective>) -> Result<()> {
+        let weights = parameters(self.weights());
+        let refs: Vec<_> = weights.iter().map(|(_, t)| t.as_ref()).collect();
+        collective.broadcast(&refs, 0)?;
+        collective.wait()?;
+        self.sync_compute_weights()?;
+        self.replayed = None;
+        self.collective = Some(collective);
+        Ok(())
+    }
+
+    /// The collectives of the world this trainer is a rank of, if any.
+    pub fn collective(&self) -> Option<&Arc<dyn Collective>> {
+        self.collective.as_ref()
+    }
+
+    /// Ranks in the world this trainer belongs to (1 alone).
+    pub fn world_size(&self) -> usize {
+        self.collective.as_ref().map_or(1, |c| c.world_size())
     }
 
     /// The f32 weights the optimizer updates (what checkpoints hold).
@@ -290,34 +326,53 @@ impl Trainer {
         })
     }
 
-    /// Forward and backward over every micro-batch, gradients moved to the master weights,
-    /// and the global norm with the factor that clips it (and removes the loss scale): the
-    /// mean loss and `(norm, factor)`.
+    /// Forward and backward over every micro-batch, gradients moved to the master weights
+    /// (and summed over the ranks of a world) as each becomes ready in the last backward
+    /// pass, and the global norm with the factor that clips it (and removes the loss scale
+    /// and the sum over ranks): the mean loss and `(norm, factor)`.
     fn accumulate_and_clip(
         &self,
         micro_batches: &[(Tensor, Tensor)],
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let n = micro_batches.len() as f64;
         let scale = self.scaler.scale;
+        let compute: Vec<Tensor> = parameters(&self.model)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+        let master: Option<Vec<Tensor>> = self
+            .master
+            .as_ref()
+            .map(|m| parameters(m).into_iter().map(|(_, t)| t).collect());
+        let mut buckets = self.collective.clone().map(GradientBuckets::new);
         let mut total: Option<Tensor> = None;
-        for (inputs, targets) in micro_batches {
+        for (k, (inputs, targets)) in micro_batches.iter().enumerate() {
             let loss = self.model.loss_with_targets(inputs, targets)?;
-            loss.mul_scalar(scale / n)?.backward()?;
+            let scaled = loss.mul_scalar(scale / n)?;
+            if k + 1 < micro_batches.len() {
+                scaled.backward()?;
+            } else {
+                let seed = Tensor::ones(scaled.shape(), scaled.dtype(), scaled.device())?;
+                scaled.backward_with_hooks(&seed, &compute, &mut |i| {
+                    gradient_ready(&compute[i], master.as_ref().map(|m| &m[i]), &mut buckets)
+                })?;
+            }
             let loss = loss.detach().mul_scalar(1.0 / n)?;
             total = Some(match total {
                 Some(t) => t.add(&loss)?,
                 None => loss,
             });
         }
-        let loss = total.expect("at least one micro-batch");
-        if let Some(master) = &self.master {
-            for ((_, low), (_, high)) in parameters(&self.model).iter().zip(parameters(master)) {
-                high.set_grad(low.grad().map(|g| g.to_dtype(DType::F32)).transpose()?);
-                low.zero_grad();
-            }
+        let mut loss = total.expect("at least one micro-batch");
+        let world = self.world_size() as f64;
+        if let Some(mut buckets) = buckets {
+            loss = loss.to_dtype(DType::F32)?;
+            buckets.push(loss.clone())?;
+            buckets.finish()?;
+            loss = loss.mul_scalar(1.0 / world)?;
         }
         let max_norm = self.options.grad_clip.unwrap_or(f64::INFINITY);
-        let clipped = clip_grad_norm(self.optimizer.groups(), max_norm, 1.0 / scale)?;
+        let clipped = clip_grad_norm(self.optimizer.groups(), max_norm, 1.0 / (scale * world))?;
         Ok((loss, clipped))
     }
 
@@ -370,6 +425,37 @@ impl Trainer {
         }
         Ok(trainer)
     }
+}
+
+/// The last backward pass has finished `param`'s gradient: it moves to the f32 master
+/// weight, where there is one, and joins the buckets summed over the ranks, where there are
+/// any (a parameter the pass did not reach joins with zeros, so that every rank reduces the
+/// same tensors).
+fn gradient_ready(
+    param: &Tensor,
+    master: Option<&Tensor>,
+    buckets: &mut Option<GradientBuckets>,
+) -> Result<()> {
+    let owner = match master {
+        Some(high) => {
+            high.set_grad(param.grad().map(|g| g.to_dtype(DType::F32)).transpose()?);
+            param.zero_grad();
+            high
+        }
+        None => param,
+    };
+    let Some(buckets) = buckets else {
+        return Ok(());
+    };
+    let grad = match owner.grad() {
+        Some(g) => g,
+        None => {
+            let zeros = Tensor::zeros(owner.shape(), owner.dtype(), owner.device())?;
+            owner.set_grad(Some(zeros.clone()));
+            zeros
+        }
+    };
+    buckets.push(grad)
 }
 
 /// A copy of `t` in a new buffer (a report's, which later steps do not overwrite).

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod generate;
+pub mod launch;
 pub mod plot;
 pub mod tokenizer;
 pub mod train;
@@ -38,11 +39,17 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Devices => devices(),
+        Command::Train(args) if args.devices.is_some() && !is_worker() => launch::run(&args),
         Command::Train(args) => train::run(&args).map(|_| ()),
         Command::Generate(args) => generate::run(&args),
         Command::Plot(args) => plot::run(&args),
         Command::Bench(args) => bench::run(&args),
     }
+}
+
+/// Whether this process is a worker of a data-parallel world (torchrun's variables set).
+fn is_worker() -> bool {
+    std::env::var_os("WORLD_SIZE").is_some()
 }
 
 fn devices() -> Result<()> {

@@ -16,6 +16,7 @@ use crate::checkpoint;
 use crate::data::{
     from_record, AdditionTask, AdditionTokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR,
 };
+use crate::dist::{Collective, DistEnv, Rendezvous, CONNECT_TIMEOUT};
 use crate::generate::greedy_batch;
 use crate::io;
 use crate::models::{Transformer, TransformerConfig};
@@ -52,9 +53,17 @@ pub struct TrainArgs {
     /// Operand digits of the addition task.
     #[arg(long, default_value_t = AdditionTask::DEFAULT_DIGITS)]
     pub digits: usize,
-    /// Device to train on (e.g. cpu, wgpu:0); default: TESSERA_DEVICE, else the best present.
+    /// Device to train on (e.g. cpu, wgpu:0); default: TESSERA_DEVICE, else the best present
+    /// (under torchrun's variables, the best backend's device LOCAL_RANK).
     #[arg(long)]
     pub device: Option<String>,
+    /// Train data-parallel on these devices, one worker each (e.g. cuda:0,cuda:1): --batch
+    /// is each worker's, so a step takes their sum. Across hosts, start one `tessera train`
+    /// per device with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    /// MASTER_PORT) instead.
+    #[arg(long, conflicts_with = "device")]
+    #[serde(default)]
+    pub devices: Option<String>,
     /// Model family.
     #[arg(long, value_enum, default_value = "gpt2")]
     pub family: FamilyArg,
@@ -216,23 +225,28 @@ impl Task {
         }
     }
 
+    /// This rank's share of a micro-batch: the world's `batch x world` windows are drawn
+    /// from `rng` on every rank (the order one worker would see them in) and rank `rank`
+    /// takes the `batch` after its `rank x batch`.
     fn batch(
         &self,
         batch: usize,
         seq: usize,
+        (rank, world): (usize, usize),
         rng: &mut RngState,
         device: &Arc<dyn Device>,
     ) -> Result<(Tensor, Tensor)> {
         let (inputs, targets) = match self {
             Task::Addition(t) => {
-                let (i, t, _) = t.sample_batch(batch, rng);
+                let (i, t, _) = t.sample_batch(batch * world, rng);
                 (i, t)
             }
-            Task::Text(d) => d.batch(Split::Train, batch, seq, rng)?,
+            Task::Text(d) => d.batch(Split::Train, batch * world, seq, rng)?,
         };
+        let mine = rank * batch * seq..(rank + 1) * batch * seq;
         Ok((
-            Tensor::from_slice(&inputs, &[batch, seq], device)?,
-            Tensor::from_slice(&targets, &[batch, seq], device)?,
+            Tensor::from_slice(&inputs[mine.clone()], &[batch, seq], device)?,
+            Tensor::from_slice(&targets[mine], &[batch, seq], device)?,
         ))
     }
 }
@@ -306,9 +320,11 @@ const MAX_MICRO_BATCH_TOKENS: usize = i32::MAX as usize;
 
 /// Checks the tokens of a micro-batch (`--batch` sequences of `seq`) and of a step (times
 /// `--accum`) with checked arithmetic, before anything of that size is allocated.
-fn check_step_size(args: &TrainArgs, seq: usize) -> Result<()> {
+fn check_step_size(args: &TrainArgs, seq: usize, world_size: usize) -> Result<()> {
     let micro = args.batch.checked_mul(seq);
-    let step = micro.and_then(|m| m.checked_mul(args.accum));
+    let step = micro
+        .and_then(|m| m.checked_mul(args.accum))
+        .and_then(|m| m.checked_mul(world_size));
     match (micro, step) {
         (Some(micro), Some(_)) if micro <= MAX_MICRO_BATCH_TOKENS => Ok(()),
         _ => Err(invalid(
@@ -403,9 +419,10 @@ fn claim_out(args: &TrainArgs, checkpoint: &Path, metrics: &Path) -> Result<()> 
 }
 
 /// Options a resumed run takes from this invocation; every other one is the run's own.
-const RESUME_OPTIONS: [&str; 8] = [
+const RESUME_OPTIONS: [&str; 9] = [
     "steps",
     "device",
+    "devices",
     "out",
     "quiet",
     "resume",
@@ -465,6 +482,7 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
         .map_err(|e| Error::format(path.display().to_string(), format!("training options: {e}")))?;
     merged.steps = args.steps;
     merged.device.clone_from(&args.device);
+    merged.devices.clone_from(&args.devices);
     merged.out.clone_from(&args.out);
     merged.quiet = args.quiet;
     merged.log_scale = args.log_scale;
@@ -474,21 +492,121 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
     Ok((merged, Some(loaded)))
 }
 
-/// Trains as `tessera train` does and reports where the results went.
+/// This worker's place in a data-parallel world: its rank, the links to the other ranks
+/// and the collectives over them. A run of its own is a world of one without either.
+struct World {
+    rank: usize,
+    size: usize,
+    rendezvous: Option<Arc<Rendezvous>>,
+}
+
+impl World {
+    fn alone() -> World {
+        World {
+            rank: 0,
+            size: 1,
+            rendezvous: None,
+        }
+    }
+
+    fn is_root(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// Rank 0's `value` on every rank (the rendezvous link carries it).
+    fn decide(&self, value: bool) -> Result<bool> {
+        match &self.rendezvous {
+            Some(r) => Ok(r.share_from_root(&[u8::from(value)])? == [1]),
+            None => Ok(value),
+        }
+    }
+}
+
+/// The device of this worker: `--device`, else under torchrun's variables the best
+/// backend's device `LOCAL_RANK`, else the default.
+fn worker_device(args: &TrainArgs, env: Option<&DistEnv>) -> Result<Arc<dyn Device>> {
+    match (&args.device, env) {
+        (None, Some(env)) => {
+            let best = super::open_device(None)?;
+            crate::open_device(&format!("{}:{}", best.info().backend, env.local_rank))
+        }
+        (spec, _) => super::open_device(spec.as_deref()),
+    }
+}
+
+/// Meets the other ranks of `env`'s world and joins its collectives on `device`. A rank
+/// that stops early ends this worker too, with a line that names it: collectives already
+/// queued would otherwise wait for it for ever.
+fn join_world(env: &DistEnv, device: &Arc<dyn Device>) -> Result<(World, Arc<dyn Collective>)> {
+    let rendezvous = Rendezvous::connect(env, CONNECT_TIMEOUT)?;
+    let (rank, id) = (env.rank, device.info().id());
+    rendezvous.watch(Arc::new(move |why| {
+        eprintln!("error: rank {rank} ({id}): {why}; stopping");
+        std::process::exit(1);
+    }))?;
+    let collective = device.clone().join_collective(&rendezvous)?;
+    Ok((
+        World {
+            rank: env.rank,
+            size: env.world_size,
+            rendezvous: Some(rendezvous),
+        },
+        collective,
+    ))
+}
+
+/// Refuses to resume a data-parallel run with another number of workers: each step's batch
+/// and the data each worker reads would change.
+fn check_world_size(state: &serde_json::Value, world_size: usize, path: &Path) -> Result<()> {
+    let trained = state
+        .get("world_size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(1) as usize;
+    if trained == world_size {
+        return Ok(());
+    }
+    Err(invalid(
+        "train --resume",
+        format!(
+            "{} was trained by {trained} worker(s); resuming it needs {trained} too, not \
+             {world_size} (--devices with {trained} devices, or WORLD_SIZE={trained})",
+            path.display()
+        ),
+    ))
+}
+
+/// Trains as `tessera train` does and reports where the results went. In a data-parallel
+/// world (torchrun's variables, which `tessera train --devices` sets for its workers) rank 0
+/// alone writes the checkpoint, metrics and plots and prints; the summary of other ranks
+/// names the files rank 0 writes.
 pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
+    let env = DistEnv::from_env()?;
+    if args.devices.is_some() && env.is_none() {
+        return Err(invalid(
+            "train --devices",
+            "starts one worker per device from the tessera program (tessera::cli::run)",
+        ));
+    }
     let (args, resumed) = effective_args(args)?;
     validate(&args)?;
-    let device = super::open_device(args.device.as_deref())?;
+    let device = worker_device(&args, env.as_ref())?;
+    let (world, collective) = match &env {
+        Some(env) => {
+            let (world, collective) = join_world(env, &device)?;
+            (world, Some(collective))
+        }
+        None => (World::alone(), None),
+    };
+    let quiet = args.quiet || !world.is_root();
     let recorded = resumed.as_ref().and_then(|l| l.state.run.get("tokenizer"));
     let (task, vocab, seq, tokenizer) = Task::load(&args, recorded)?;
-    check_step_size(&args, seq)?;
+    check_step_size(&args, seq, world.size)?;
     let mut trainer = match resumed {
-        Some(loaded) => Trainer::from_checkpoint(
-            loaded,
-            &device,
-            options(&args),
-            &args.resume.clone().unwrap_or_default(),
-        )?,
+        Some(loaded) => {
+            let path = args.resume.clone().unwrap_or_default();
+            check_world_size(&loaded.state.run, world.size, &path)?;
+            Trainer::from_checkpoint(loaded, &device, options(&args), &path)?
+        }
         None => {
             let config = model_config(&args, vocab, seq);
             config.validate("train")?;
@@ -499,7 +617,8 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
             )?;
             let mut rng = RngState::new(args.seed);
             let model = Transformer::new(&config, &device, DType::F32, &mut rng)?;
-            let run = json!({ "args": args, "tokenizer": tokenizer.record() });
+            let run =
+                json!({ "args": args, "tokenizer": tokenizer.record(), "world_size": world.size });
             Trainer::new(
                 model,
                 options(&args),
@@ -509,18 +628,30 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
             )?
         }
     };
-    std::fs::create_dir_all(&args.out).map_err(|e| Error::io(&args.out, e))?;
+    if let Some(collective) = collective {
+        trainer.join(collective)?;
+    }
     let checkpoint_path = args.out.join("checkpoint.safetensors");
     let metrics_path = args.out.join("metrics.jsonl");
-    claim_out(&args, &checkpoint_path, &metrics_path)?;
-    io::remove_stale_temporaries(&checkpoint_path)?;
-    let mut metrics = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .map_err(|e| Error::io(&metrics_path, e))?;
+    let mut metrics = if world.is_root() {
+        std::fs::create_dir_all(&args.out).map_err(|e| Error::io(&args.out, e))?;
+        claim_out(&args, &checkpoint_path, &metrics_path)?;
+        io::remove_stale_temporaries(&checkpoint_path)?;
+        Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&metrics_path)
+                .map_err(|e| Error::io(&metrics_path, e))?,
+        )
+    } else {
+        None
+    };
     let mut log = |value: serde_json::Value| -> Result<()> {
-        writeln!(metrics, "{value}").map_err(|e| Error::io(&metrics_path, e))
+        match &mut metrics {
+            Some(file) => writeln!(file, "{value}").map_err(|e| Error::io(&metrics_path, e)),
+            None => Ok(()),
+        }
     };
 
     let info = device.info();
@@ -528,19 +659,27 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         .iter()
         .map(|(_, t)| t.numel())
         .sum();
-    println!(
-        "training {} ({} parameters) on {} ({}), {} tokens per step, {} precision",
-        match &task {
-            Task::Addition(t) => format!("{}-digit addition", t.digits()),
-            Task::Text(d) => format!("on {}", d.source()),
-        },
-        params,
-        info.id(),
-        info.name,
-        args.batch * seq * args.accum,
-        format!("{:?}", args.precision).to_lowercase(),
-    );
-    let bar = progress_bar(&args, trainer.state.step);
+    let step_tokens = args.batch * seq * args.accum * world.size;
+    if world.is_root() {
+        println!(
+            "training {} ({} parameters) on {} ({}){}, {} tokens per step, {} precision",
+            match &task {
+                Task::Addition(t) => format!("{}-digit addition", t.digits()),
+                Task::Text(d) => format!("on {}", d.source()),
+            },
+            params,
+            info.id(),
+            info.name,
+            if world.size > 1 {
+                format!(" and {} other worker(s)", world.size - 1)
+            } else {
+                String::new()
+            },
+            step_tokens,
+            format!("{:?}", args.precision).to_lowercase(),
+        );
+    }
+    let bar = progress_bar(&args, quiet, trainer.state.step);
     let start = Instant::now();
     let (mut last_loss, mut accuracy, mut val_loss) = (f64::NAN, None, None);
     let mut window = (Instant::now(), trainer.state.step);
@@ -550,20 +689,26 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     while trainer.state.step < halt_at {
         let mut micro = Vec::with_capacity(args.accum);
         for _ in 0..args.accum {
-            micro.push(task.batch(args.batch, seq, &mut trainer.state.data_rng, &device)?);
+            micro.push(task.batch(
+                args.batch,
+                seq,
+                (world.rank, world.size),
+                &mut trainer.state.data_rng,
+                &device,
+            )?);
         }
         let report = trainer.step(&micro)?;
         let step = trainer.state.step;
-        if report.skipped {
+        if report.skipped && world.is_root() {
             println!(
                 "step {step}: gradients not finite, update skipped; loss scale now {}",
                 trainer.state.loss_scale
             );
         }
-        if step % args.log_every == 0 || step == args.steps {
+        if world.is_root() && (step % args.log_every == 0 || step == args.steps) {
             last_loss = report.loss.item()?;
             let elapsed = window.0.elapsed().as_secs_f64();
-            let tokens = ((step - window.1) as usize * args.batch * seq * args.accum) as f64;
+            let tokens = ((step - window.1) as usize * step_tokens) as f64;
             let tokens_per_s = if elapsed > 0.0 { tokens / elapsed } else { 0.0 };
             window = (Instant::now(), step);
             log(
@@ -575,49 +720,64 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         }
         let last = step == args.steps;
         if step % args.eval_every == 0 || last {
-            let (line, reached) =
-                evaluate(&task, &trainer, &args, seq, &mut accuracy, &mut val_loss)?;
-            log(
-                json!({ "step": step, "eval": line.clone(), "elapsed_s": start.elapsed().as_secs_f64() }),
-            )?;
-            bar.suspend(|| println!("step {step}: {}", describe(&line)));
-            if reached && !args.no_early_stop {
-                bar.suspend(|| {
-                    println!(
-                        "reached the success bar ({:.0}% exact match) at step {step}",
-                        SUCCESS_BAR * 100.0
-                    )
-                });
+            let mut reached = false;
+            if world.is_root() {
+                let (line, bar_reached) =
+                    evaluate(&task, &trainer, &args, seq, &mut accuracy, &mut val_loss)?;
+                log(
+                    json!({ "step": step, "eval": line.clone(), "elapsed_s": start.elapsed().as_secs_f64() }),
+                )?;
+                bar.suspend(|| println!("step {step}: {}", describe(&line)));
+                reached = bar_reached && !args.no_early_stop;
+                if reached {
+                    bar.suspend(|| {
+                        println!(
+                            "reached the success bar ({:.0}% exact match) at step {step}",
+                            SUCCESS_BAR * 100.0
+                        )
+                    });
+                }
+            }
+            if world.decide(reached)? {
                 break;
             }
         }
-        if step % args.checkpoint_every == 0 {
+        if world.is_root() && step % args.checkpoint_every == 0 {
             trainer.save(&checkpoint_path)?;
         }
     }
     bar.finish_and_clear();
-    trainer.save(&checkpoint_path)?;
-    let plots = plot::write_plots(&Metrics::read(&metrics_path)?, &args.out, args.log_scale)?;
-    if let (Task::Addition(_), Some(acc)) = (&task, accuracy) {
-        let verdict = if acc >= SUCCESS_BAR {
-            "reached"
-        } else {
-            "did not reach"
-        };
-        println!(
-            "held-out exact match {:.1}%: {verdict} the success bar of {:.0}%",
-            acc * 100.0,
-            SUCCESS_BAR * 100.0
-        );
+    if let Some(collective) = trainer.collective() {
+        collective.barrier()?;
     }
-    println!(
-        "trained {} steps in {:.1} s; final loss {last_loss:.4}",
-        trainer.state.step,
-        start.elapsed().as_secs_f64()
-    );
-    println!("checkpoint: {}", checkpoint_path.display());
-    println!("plots:      {}, {}", plots[0].display(), plots[1].display());
-    println!("metrics:    {}", metrics_path.display());
+    if let Some(rendezvous) = &world.rendezvous {
+        rendezvous.finish();
+    }
+    let mut plots = [args.out.join("loss.svg"), args.out.join("loss.png")];
+    if world.is_root() {
+        trainer.save(&checkpoint_path)?;
+        plots = plot::write_plots(&Metrics::read(&metrics_path)?, &args.out, args.log_scale)?;
+        if let (Task::Addition(_), Some(acc)) = (&task, accuracy) {
+            let verdict = if acc >= SUCCESS_BAR {
+                "reached"
+            } else {
+                "did not reach"
+            };
+            println!(
+                "held-out exact match {:.1}%: {verdict} the success bar of {:.0}%",
+                acc * 100.0,
+                SUCCESS_BAR * 100.0
+            );
+        }
+        println!(
+            "trained {} steps in {:.1} s; final loss {last_loss:.4}",
+            trainer.state.step,
+            start.elapsed().as_secs_f64()
+        );
+        println!("checkpoint: {}", checkpoint_path.display());
+        println!("plots:      {}, {}", plots[0].display(), plots[1].display());
+        println!("metrics:    {}", metrics_path.display());
+    }
     Ok(TrainSummary {
         checkpoint: checkpoint_path,
         plots,
@@ -629,8 +789,8 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     })
 }
 
-fn progress_bar(args: &TrainArgs, position: u64) -> indicatif::ProgressBar {
-    if args.quiet {
+fn progress_bar(args: &TrainArgs, quiet: bool, position: u64) -> indicatif::ProgressBar {
+    if quiet {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(args.steps).with_position(position);

@@ -204,6 +204,32 @@ impl Tensor {
 
     /// Backpropagates `grad` (the gradient of some scalar with respect to this tensor).
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        self.backward_with_hooks(grad, &[], &mut |_| Ok(()))
+    }
+
+    /// [`Tensor::backward_with`] that calls `ready(i)` as soon as `leaves[i]`'s gradient is
+    /// complete for this pass (its last contribution added), while the rest of the pass is
+    /// still to be queued: data-parallel training starts reducing gradients there, beside
+    /// the rest of the backward pass. Each leaf is reported once, in an order that depends
+    /// only on the graph (the same on every rank); leaves the pass does not reach are
+    /// reported at its end.
+    pub fn backward_with_hooks(
+        &self,
+        grad: &Tensor,
+        leaves: &[Tensor],
+        ready: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
+        let mut pending = PendingLeaves::new(leaves);
+        self.backpropagate(grad, &mut pending, ready)?;
+        pending.report_rest(ready)
+    }
+
+    fn backpropagate(
+        &self,
+        grad: &Tensor,
+        pending: &mut PendingLeaves,
+        ready: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
         if !self.0.requires_grad {
             return Err(Error::invalid(
                 "backward",
@@ -227,11 +253,13 @@ impl Tensor {
             return accumulate_leaf(self, grad.clone());
         };
         let order = topological_order(&root);
+        pending.count_uses(&order);
         let mut grads: HashMap<usize, Tensor> = HashMap::new();
         let mut sliced: HashMap<usize, Slices> = HashMap::new();
         grads.insert(node_id(&root), grad.clone());
         for node in order.iter().rev() {
             let Some(g) = grads.remove(&node_id(node)) else {
+                pending.used_by(node, ready)?;
                 continue;
             };
             sliced.remove(&node_id(node));
@@ -282,9 +310,70 @@ impl Tensor {
                     }
                 }
             }
+            pending.used_by(node, ready)?;
         }
         Ok(())
     }
+}
+
+/// The leaves a backward pass reports as ready ([`Tensor::backward_with_hooks`]), with how
+/// many of the graph's nodes still have to add to each one's gradient.
+struct PendingLeaves {
+    /// Leaf identity (its handle's address) to its index and remaining uses.
+    leaves: HashMap<usize, (usize, usize)>,
+    reported: Vec<bool>,
+}
+
+impl PendingLeaves {
+    fn new(leaves: &[Tensor]) -> PendingLeaves {
+        PendingLeaves {
+            leaves: leaves
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (leaf_id(t), (i, 0)))
+                .collect(),
+            reported: vec![false; leaves.len()],
+        }
+    }
+
+    fn count_uses(&mut self, order: &[Arc<Node>]) {
+        for node in order {
+            for input in &node.inputs {
+                if let Some((_, uses)) = self.leaves.get_mut(&leaf_id(input)) {
+                    *uses += 1;
+                }
+            }
+        }
+    }
+
+    /// `node` is done: the leaves among its inputs have one use fewer to wait for.
+    fn used_by(&mut self, node: &Node, ready: &mut dyn FnMut(usize) -> Result<()>) -> Result<()> {
+        for input in &node.inputs {
+            if let Some((index, uses)) = self.leaves.get_mut(&leaf_id(input)) {
+                *uses = uses.saturating_sub(1);
+                if *uses == 0 && !self.reported[*index] {
+                    self.reported[*index] = true;
+                    ready(*index)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports the leaves the pass did not reach, in index order.
+    fn report_rest(&mut self, ready: &mut dyn FnMut(usize) -> Result<()>) -> Result<()> {
+        for index in 0..self.reported.len() {
+            if !self.reported[index] {
+                self.reported[index] = true;
+                ready(index)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn leaf_id(t: &Tensor) -> usize {
+    Arc::as_ptr(&t.0) as usize
 }
 
 /// Adds a narrow's gradient `slice` (placed `at`) to its source's gradient so far, `prev`:

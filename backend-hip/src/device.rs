@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
 
+use tessera_core::dist::{Collective, Rendezvous};
 use tessera_core::exec::KernelCache;
 use tessera_core::ops::validate_kernel_launch;
 use tessera_core::{
@@ -148,6 +149,13 @@ impl Device for HipDevice {
 
     fn profile(&self) -> Vec<KernelTime> {
         self.gpu.profile()
+    }
+
+    fn join_collective(
+        self: Arc<Self>,
+        rendezvous: &Arc<Rendezvous>,
+    ) -> Result<Arc<dyn Collective>> {
+        crate::collective::join(&self.gpu, rendezvous)
     }
 
     fn begin_recording(&self) -> Result<()> {

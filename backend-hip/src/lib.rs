@@ -43,6 +43,13 @@
 //! remains per token is about 109 short kernels, each mostly latency (`benches/README.md`
 //! has the profile): fewer of them (a norm fused into the product after it) is the next step.
 //! AMD steps run eagerly (HIP graphs are not wired).
+//!
+//! Data-parallel training (`collective.rs`): NCCL, or RCCL on AMD (the same C API), loaded
+//! with libloading (`driver/nccl.rs`); a communicator per device from the unique id rank 0
+//! shares over core's rendezvous; gradient buckets summed on the device's side stream, which
+//! waits for the backward kernels queued before each bucket and which later work waits for
+//! (events), inside recorded graphs too. RCCL's path, like the rest of AMD's, is unrun, and
+//! the AMD driver has no side stream yet, so collectives there say `Unsupported`.
 //! On AMD every kernel compiles with hiprtc for `gfx90a` (wave64) and `gfx1030` (wave32) in
 //! the tests, without a GPU; the runtime (`driver/amd.rs`) is written against the HIP
 //! runtime's API but no AMD GPU has run it, and matmuls there say `Unsupported` until
@@ -51,6 +58,7 @@
 //! The cuBLASLt GEMMs add split-K partial sums in f32 only: letting them add in the 16-bit
 //! output type made f16 products with long, cancelling sums miss the CPU's by 10%.
 
+mod collective;
 mod device;
 mod driver;
 mod gpu;
@@ -89,6 +97,29 @@ fn cuda_absent() -> Option<String> {
     (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
 }
 
+/// Why `cuda` devices cannot join collectives: the NVIDIA libraries and NCCL that are not
+/// installed.
+fn cuda_without_collectives() -> Option<String> {
+    let mut missing = driver::cuda::missing();
+    if driver::nccl::library("cuda").is_err() {
+        missing.push(driver::nccl::describe("cuda"));
+    }
+    (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
+}
+
+/// Why `hip` devices cannot join collectives: the HIP runtime or RCCL not installed, or
+/// (with both) that the AMD driver has no side stream for them yet.
+fn hip_without_collectives() -> Option<String> {
+    let mut missing: Vec<&str> = driver::amd::missing().into_iter().collect();
+    if driver::nccl::library("hip").is_err() {
+        missing.push(driver::nccl::describe("hip"));
+    }
+    if !missing.is_empty() {
+        return Some(format!("not installed: {}", missing.join(", ")));
+    }
+    Some("collectives on AMD GPUs need a side stream, which the AMD driver lacks yet".into())
+}
+
 fn hip_absent() -> Option<String> {
     driver::amd::missing().map(|lib| format!("not installed: {lib}"))
 }
@@ -100,6 +131,7 @@ tessera_core::inventory::submit! {
         probe: probe_cuda,
         open: open_cuda,
         why_absent: cuda_absent,
+        why_no_collectives: cuda_without_collectives,
     }
 }
 
@@ -110,5 +142,6 @@ tessera_core::inventory::submit! {
         probe: probe_hip,
         open: open_hip,
         why_absent: hip_absent,
+        why_no_collectives: hip_without_collectives,
     }
 }

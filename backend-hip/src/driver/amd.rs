@@ -341,13 +341,6 @@ impl AmdDriver {
         Err(driver_error(BACKEND, what, text.to_string_lossy()))
     }
 
-    /// Makes the device current on this thread.
-    fn bind(&self) -> Result<()> {
-        // SAFETY: selects a device by the ordinal that opened it.
-        self.check("hipSetDevice", unsafe {
-            (self.api.set_device)(self.ordinal)
-        })
-    }
 }
 
 impl Drop for AmdDriver {
@@ -375,6 +368,13 @@ impl Drop for AmdDriver {
 impl Driver for AmdDriver {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: selects a device by the ordinal that opened it.
+        self.check("hipSetDevice", unsafe {
+            (self.api.set_device)(self.ordinal)
+        })
     }
 
     fn name(&self) -> &str {

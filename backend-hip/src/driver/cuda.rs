@@ -249,6 +249,8 @@ pub(crate) struct CudaDriver {
     pinned: Arc<PinnedPool>,
     /// The thread capturing a graph, and its capture stream.
     capture: Mutex<Option<(ThreadId, usize)>>,
+    /// The side stream ([`Driver::side_stream`]), once made.
+    side: OnceLock<usize>,
 }
 
 // SAFETY: the context, stream, cuBLASLt handle and modules are driver handles that the CUDA
@@ -320,7 +322,33 @@ impl CudaDriver {
                 free: Mutex::new(Vec::new()),
             }),
             capture: Mutex::new(None),
+            side: OnceLock::new(),
         })
+    }
+
+    /// Makes `waiting` wait for the work queued so far on `queued`, through an event.
+    fn order(&self, waiting: sys::CUstream, queued: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| driver_error(BACKEND, "cuEventCreate", format!("{e:?}")))?;
+        // SAFETY: both streams belong to this context; the event was just created, and
+        // destroying it after the wait is queued is allowed (the wait keeps what it needs).
+        unsafe {
+            let ordered = check("cuEventRecord", result::event::record(event, queued)).and_then(
+                |()| {
+                    check(
+                        "cuStreamWaitEvent",
+                        result::stream::wait_event(
+                            waiting,
+                            event,
+                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                        ),
+                    )
+                },
+            );
+            let _ = result::event::destroy(event);
+            ordered
+        }
     }
 
     /// The stream the calling thread queues on: its capture stream while it captures a graph,
@@ -334,13 +362,6 @@ impl CudaDriver {
         }
     }
 
-    /// Makes the device's context current on this thread.
-    fn bind(&self) -> Result<()> {
-        // SAFETY: `ctx` is the primary context retained in `open`, alive until `Drop`.
-        check("cuCtxSetCurrent", unsafe {
-            result::ctx::set_current(self.ctx)
-        })
-    }
 
     /// cuBLASLt's plan for `g`, made once per shape.
     fn plan(&self, g: &Gemm) -> Result<GemmKey> {
@@ -547,6 +568,10 @@ impl Drop for CudaDriver {
                 .drain(..)
             {
                 let _ = result::module::unload(module);
+            }
+            if let Some(&side) = self.side.get() {
+                let _ = result::stream::synchronize(side as sys::CUstream);
+                let _ = result::stream::destroy(side as sys::CUstream);
             }
             let _ = result::stream::destroy(self.stream);
         }
@@ -823,6 +848,37 @@ impl Driver for CudaDriver {
             result::event::record(event, self.stream())
         })?;
         Ok(Event(event as usize))
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is the primary context retained in `open`, alive until `Drop`.
+        check("cuCtxSetCurrent", unsafe {
+            result::ctx::set_current(self.ctx)
+        })
+    }
+
+    fn side_stream(&self) -> Result<usize> {
+        if let Some(&stream) = self.side.get() {
+            return Ok(stream);
+        }
+        self.bind()?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| driver_error(BACKEND, "cuStreamCreate", format!("{e:?}")))?;
+        if let Err(stream) = self.side.set(stream as usize) {
+            // SAFETY: another thread made the side stream first; this one is unused.
+            let _ = unsafe { result::stream::destroy(stream as sys::CUstream) };
+        }
+        Ok(*self.side.get().unwrap_or(&(stream as usize)))
+    }
+
+    fn side_after_queued(&self) -> Result<()> {
+        let side = self.side_stream()? as sys::CUstream;
+        self.order(side, self.stream())
+    }
+
+    fn queued_after_side(&self) -> Result<()> {
+        let side = self.side_stream()? as sys::CUstream;
+        self.order(self.stream(), side)
     }
 
     fn begin_capture(&self) -> Result<()> {

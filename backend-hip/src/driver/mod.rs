@@ -9,6 +9,7 @@
 
 pub(crate) mod amd;
 pub(crate) mod cuda;
+pub(crate) mod nccl;
 
 use tessera_core::{DType, Error, PendingBytes, Result};
 
@@ -125,6 +126,24 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn launch_graph(&self, graph: Graph) -> Result<()> {
         let _ = graph;
         Err(Error::unsupported(self.backend(), "graph replay"))
+    }
+    /// Makes the device current on the calling thread, before a vendor library (NCCL) that
+    /// finds the device that way is called.
+    fn bind(&self) -> Result<()>;
+    /// The handle of the device's side stream, created on first use: work that runs beside
+    /// the stream kernels queue on (collectives), ordered against it by
+    /// [`Driver::side_after_queued`] and [`Driver::queued_after_side`].
+    fn side_stream(&self) -> Result<usize> {
+        Err(Error::unsupported(self.backend(), "a side stream"))
+    }
+    /// Makes the side stream wait for the work the calling thread has queued so far (on its
+    /// capture stream while it captures: the side stream's work then joins the graph).
+    fn side_after_queued(&self) -> Result<()> {
+        Err(Error::unsupported(self.backend(), "a side stream"))
+    }
+    /// Makes work the calling thread queues from now on wait for the side stream's.
+    fn queued_after_side(&self) -> Result<()> {
+        Err(Error::unsupported(self.backend(), "a side stream"))
     }
     /// Releases `graph` once queued work has finished.
     fn destroy_graph(&self, graph: Graph) {

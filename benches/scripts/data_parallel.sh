@@ -5,6 +5,9 @@
 #
 #   benches/scripts/data_parallel.sh 1 2 4      (tessera on PATH; TESSERA_SHARED or ../shared)
 #
+# TESSERA_ARGS adds options to tessera's runs (e.g. "--bucket-mb 100000": one bucket, reduced
+# after the backward pass instead of beside it); STEPS sets their length (60).
+#
 # tessera's figure is the median of its metrics windows after the first (which holds the
 # kernels' compilation and the first, recorded steps). N = 1 is also run without --devices
 # (no collectives), the single-GPU baseline the scaling is measured against.
@@ -17,7 +20,8 @@ export NCCL_NVLS_ENABLE=0
 tessera_run() { # label, placement...
   local label=$1; shift
   local out; out=$(mktemp -d)
-  tessera train "$@" --data "$shared/data/tinyshakespeare.txt" --tokenizer gpt2 \
+  # shellcheck disable=SC2086
+  tessera train "$@" ${TESSERA_ARGS:-} --data "$shared/data/tinyshakespeare.txt" --tokenizer gpt2 \
     --layers 12 --d-model 768 --heads 12 --seq 1024 --batch 8 --precision bf16 \
     --steps "$steps" --warmup 10 --log-every 10 --eval-every 1000000 \
     --checkpoint-every 1000000 --quiet --out "$out" >/dev/null

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::checkpoint::{self, TrainState};
-use crate::dist::{Collective, GradientBuckets};
+use crate::dist::{Collective, GradientBuckets, BUCKET_BYTES};
 use crate::models::Transformer;
 use crate::nn::parameters;
 use crate::optim::{clip_grad_norm, Adam, LossScaler, Optimizer, ParamGroup, Schedule};
@@ -96,6 +96,8 @@ pub struct Trainer {
     replayed: Option<Replayed>,
     /// The world this trainer is a rank of, if any ([`Trainer::join`]).
     collective: Option<Arc<dyn Collective>>,
+    /// The size of the gradient buckets summed over the ranks.
+    bucket_bytes: usize,
 }
 
 /// A recorded step and the tensors it talks through.
@@ -178,6 +180,7 @@ impl Trainer {
             replay: true,
             replayed: None,
             collective: None,
+            bucket_bytes: BUCKET_BYTES,
         })
     }
 
@@ -193,6 +196,13 @@ impl Trainer {
         self.replayed = None;
         self.collective = Some(collective);
         Ok(())
+    }
+
+    /// Sets the size of the buckets gradients are summed over the ranks in (default
+    /// [`BUCKET_BYTES`], as PyTorch DDP's `bucket_cap_mb`).
+    pub fn set_bucket_bytes(&mut self, bytes: usize) {
+        self.bucket_bytes = bytes.max(1);
+        self.replayed = None;
     }
 
     /// The collectives of the world this trainer is a rank of, if any.
@@ -344,7 +354,10 @@ impl Trainer {
             .master
             .as_ref()
             .map(|m| parameters(m).into_iter().map(|(_, t)| t).collect());
-        let mut buckets = self.collective.clone().map(GradientBuckets::new);
+        let mut buckets = self
+            .collective
+            .clone()
+            .map(|c| GradientBuckets::new(c, self.bucket_bytes));
         let mut total: Option<Tensor> = None;
         for (k, (inputs, targets)) in micro_batches.iter().enumerate() {
             let loss = self.model.loss_with_targets(inputs, targets)?;

@@ -10,7 +10,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use super::invalid;
-use super::train::TrainArgs;
+use super::train::{TrainArgs, PEER_STOPPED_EXIT};
 use crate::{Error, Result};
 
 /// How long the other workers get to stop on their own once one has failed.
@@ -85,10 +85,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     watch(workers)
 }
 
-/// Waits for every worker; the first that fails ends the others and names itself.
+/// Waits for every worker. Once one fails the others get [`GRACE`] to stop on their own
+/// before they are ended; the error names the worker that failed first of its own accord
+/// (not one that stopped because another rank had: [`PEER_STOPPED_EXIT`]).
 fn watch(mut workers: Vec<(String, Child)>) -> Result<()> {
     let mut done = vec![false; workers.len()];
-    let mut failure: Option<(usize, ExitStatus, Instant)> = None;
+    let mut failures: Vec<(usize, ExitStatus)> = Vec::new();
+    let mut first_failure: Option<Instant> = None;
     loop {
         for (rank, (_, child)) in workers.iter_mut().enumerate() {
             if done[rank] {
@@ -96,23 +99,28 @@ fn watch(mut workers: Vec<(String, Child)>) -> Result<()> {
             }
             if let Ok(Some(status)) = child.try_wait() {
                 done[rank] = true;
-                if !status.success() && failure.is_none() {
-                    failure = Some((rank, status, Instant::now()));
+                if !status.success() {
+                    failures.push((rank, status));
+                    first_failure.get_or_insert_with(Instant::now);
                 }
             }
         }
         if done.iter().all(|&d| d) {
             break;
         }
-        if failure.is_some_and(|(_, _, at)| at.elapsed() > GRACE) {
+        if first_failure.is_some_and(|at| at.elapsed() > GRACE) {
             stop_all(&mut workers);
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    match failure {
+    let cause = failures
+        .iter()
+        .find(|(_, status)| status.code() != Some(PEER_STOPPED_EXIT))
+        .or(failures.first());
+    match cause {
         None => Ok(()),
-        Some((rank, status, _)) => Err(Error::Collective {
+        Some(&(rank, status)) => Err(Error::Collective {
             detail: format!(
                 "worker rank {rank} on {} {}; every worker has stopped",
                 workers[rank].0,

@@ -64,6 +64,12 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with = "device")]
     #[serde(default)]
     pub devices: Option<String>,
+    /// Data-parallel training sums gradients over the workers in buckets of this many MiB,
+    /// each started as soon as the backward pass has finished its gradients (PyTorch DDP's
+    /// bucket_cap_mb).
+    #[arg(long, default_value_t = 25)]
+    #[serde(default = "default_bucket_mb")]
+    pub bucket_mb: usize,
     /// Model family.
     #[arg(long, value_enum, default_value = "gpt2")]
     pub family: FamilyArg,
@@ -153,6 +159,10 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(default)]
     pub log_scale: bool,
+}
+
+fn default_bucket_mb() -> usize {
+    25
 }
 
 /// Memory one parameter takes in training, at least: f32 weight, gradient and AdamW's two
@@ -258,6 +268,7 @@ fn validate(args: &TrainArgs) -> Result<()> {
         ("--heads", args.heads),
         ("--batch", args.batch),
         ("--accum", args.accum),
+        ("--bucket-mb", args.bucket_mb),
     ];
     if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
         return Err(invalid("train", format!("{name} must be at least 1")));
@@ -419,8 +430,9 @@ fn claim_out(args: &TrainArgs, checkpoint: &Path, metrics: &Path) -> Result<()> 
 }
 
 /// Options a resumed run takes from this invocation; every other one is the run's own.
-const RESUME_OPTIONS: [&str; 9] = [
+const RESUME_OPTIONS: [&str; 10] = [
     "steps",
+    "bucket_mb",
     "device",
     "devices",
     "out",
@@ -483,6 +495,7 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
     merged.steps = args.steps;
     merged.device.clone_from(&args.device);
     merged.devices.clone_from(&args.devices);
+    merged.bucket_mb = args.bucket_mb;
     merged.out.clone_from(&args.out);
     merged.quiet = args.quiet;
     merged.log_scale = args.log_scale;
@@ -534,6 +547,10 @@ fn worker_device(args: &TrainArgs, env: Option<&DistEnv>) -> Result<Arc<dyn Devi
     }
 }
 
+/// The exit status of a worker that stops because another rank stopped first: the launcher
+/// names that other rank, the cause.
+pub const PEER_STOPPED_EXIT: i32 = 3;
+
 /// Meets the other ranks of `env`'s world and joins its collectives on `device`. A rank
 /// that stops early ends this worker too, with a line that names it: collectives already
 /// queued would otherwise wait for it for ever.
@@ -542,7 +559,7 @@ fn join_world(env: &DistEnv, device: &Arc<dyn Device>) -> Result<(World, Arc<dyn
     let (rank, id) = (env.rank, device.info().id());
     rendezvous.watch(Arc::new(move |why| {
         eprintln!("error: rank {rank} ({id}): {why}; stopping");
-        std::process::exit(1);
+        std::process::exit(PEER_STOPPED_EXIT);
     }))?;
     let collective = device.clone().join_collective(&rendezvous)?;
     Ok((
@@ -629,6 +646,7 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
         }
     };
     if let Some(collective) = collective {
+        trainer.set_bucket_bytes(args.bucket_mb.saturating_mul(1 << 20));
         trainer.join(collective)?;
     }
     let checkpoint_path = args.out.join("checkpoint.safetensors");

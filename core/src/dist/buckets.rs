@@ -5,14 +5,16 @@ use std::sync::Arc;
 use super::Collective;
 use crate::{Result, Tensor};
 
-/// The bytes of gradients reduced together: PyTorch DDP's default bucket size. Fewer,
+/// The bytes of gradients reduced together by default: PyTorch DDP's bucket size. Fewer,
 /// larger buckets cost fewer launches; smaller ones start reducing earlier in the pass.
 pub const BUCKET_BYTES: usize = 25 << 20;
 
-/// Gradients as they become ready, all-reduced (summed) in buckets of about
-/// [`BUCKET_BYTES`] each, in the order they were pushed (the same on every rank).
+/// Gradients as they become ready, all-reduced (summed) in buckets of at least
+/// `bucket_bytes` each (the last may be smaller), in the order they were pushed (the same
+/// on every rank).
 pub struct GradientBuckets {
     collective: Arc<dyn Collective>,
+    bucket_bytes: usize,
     filling: Vec<Tensor>,
     bytes: usize,
     /// Gradients whose reduction has started, kept alive until [`GradientBuckets::finish`].
@@ -20,9 +22,10 @@ pub struct GradientBuckets {
 }
 
 impl GradientBuckets {
-    pub fn new(collective: Arc<dyn Collective>) -> GradientBuckets {
+    pub fn new(collective: Arc<dyn Collective>, bucket_bytes: usize) -> GradientBuckets {
         GradientBuckets {
             collective,
+            bucket_bytes,
             filling: Vec::new(),
             bytes: 0,
             started: Vec::new(),
@@ -33,7 +36,7 @@ impl GradientBuckets {
     pub fn push(&mut self, gradient: Tensor) -> Result<()> {
         self.bytes += gradient.numel() * gradient.dtype().size();
         self.filling.push(gradient);
-        if self.bytes >= BUCKET_BYTES {
+        if self.bytes >= self.bucket_bytes {
             self.start()?;
         }
         Ok(())

@@ -195,7 +195,10 @@ fn killing_a_worker_stops_every_worker_and_keeps_the_checkpoint() {
             started.elapsed() < Duration::from_secs(300),
             "no checkpoint was written"
         );
-        assert!(launcher.try_wait().unwrap().is_none(), "training ended early");
+        assert!(
+            launcher.try_wait().unwrap().is_none(),
+            "training ended early"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let workers = children(launcher.id());
@@ -295,7 +298,55 @@ fn devices_without_collectives_are_refused_in_one_line() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
         if cfg!(feature = "hip") {
-            assert!(stderr.contains("libnccl"), "the missing library is named: {stderr}");
+            assert!(
+                stderr.contains("libnccl"),
+                "the missing library is named: {stderr}"
+            );
         }
     }
+}
+
+/// Workers started one by one with torchrun's variables, as on several hosts (here on one,
+/// over loopback), train together as `--devices` workers do.
+#[test]
+fn workers_started_with_torchrun_variables_train_together() {
+    let devices = devices();
+    let dir = temp_dir("torchrun");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let workers: Vec<_> = devices
+        .iter()
+        .enumerate()
+        .map(|(rank, device)| {
+            tessera()
+                .arg("train")
+                .args(TINY)
+                .args(["--device", device, "--steps", "4"])
+                .args(["--out", dir.to_str().unwrap()])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", devices.len().to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("MASTER_ADDR", "localhost")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, worker) in workers.into_iter().enumerate() {
+        let out = worker.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "rank {rank}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let loaded = checkpoint::load(&dir.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(loaded.state.step, 4);
+    assert_eq!(loaded.state.run["world_size"], devices.len());
+    assert_eq!(logged(&dir).len(), 4, "rank 0 alone writes the metrics");
 }

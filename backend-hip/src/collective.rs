@@ -50,7 +50,10 @@ impl std::fmt::Debug for NcclCollective {
 pub(crate) fn join(gpu: &Arc<Gpu>, rendezvous: &Arc<Rendezvous>) -> Result<Arc<dyn Collective>> {
     let backend = gpu.backend();
     let nccl = nccl::library(backend).map_err(|why| {
-        Error::unsupported(backend, format!("collectives (data-parallel training): {why}"))
+        Error::unsupported(
+            backend,
+            format!("collectives (data-parallel training): {why}"),
+        )
     })?;
     let mut id = UniqueId([0; UNIQUE_ID_BYTES]);
     if rendezvous.rank() == 0 {
@@ -155,20 +158,24 @@ impl Collective for NcclCollective {
 
     fn all_reduce_sum(&self, tensors: &[TensorRef<'_>]) -> Result<()> {
         let f = self.nccl.all_reduce;
-        self.grouped("ncclAllReduce", tensors, &|ptr, count, dtype, comm, stream| {
-            // SAFETY: see `grouped`; in place (the same send and receive buffer).
-            unsafe {
-                f(
-                    ptr as *const _,
-                    ptr as *mut _,
-                    count,
-                    dtype,
-                    nccl::SUM,
-                    comm,
-                    stream,
-                )
-            }
-        })
+        self.grouped(
+            "ncclAllReduce",
+            tensors,
+            &|ptr, count, dtype, comm, stream| {
+                // SAFETY: see `grouped`; in place (the same send and receive buffer).
+                unsafe {
+                    f(
+                        ptr as *const _,
+                        ptr as *mut _,
+                        count,
+                        dtype,
+                        nccl::SUM,
+                        comm,
+                        stream,
+                    )
+                }
+            },
+        )
     }
 
     fn broadcast(&self, tensors: &[TensorRef<'_>], root: usize) -> Result<()> {
@@ -179,20 +186,24 @@ impl Collective for NcclCollective {
             ));
         }
         let f = self.nccl.broadcast;
-        self.grouped("ncclBroadcast", tensors, &|ptr, count, dtype, comm, stream| {
-            // SAFETY: see `grouped`; in place.
-            unsafe {
-                f(
-                    ptr as *const _,
-                    ptr as *mut _,
-                    count,
-                    dtype,
-                    root as i32,
-                    comm,
-                    stream,
-                )
-            }
-        })
+        self.grouped(
+            "ncclBroadcast",
+            tensors,
+            &|ptr, count, dtype, comm, stream| {
+                // SAFETY: see `grouped`; in place.
+                unsafe {
+                    f(
+                        ptr as *const _,
+                        ptr as *mut _,
+                        count,
+                        dtype,
+                        root as i32,
+                        comm,
+                        stream,
+                    )
+                }
+            },
+        )
     }
 
     fn wait(&self) -> Result<()> {

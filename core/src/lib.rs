@@ -1,7 +1,8 @@
 //! Tessera core: the traits backends implement ([`Device`], [`Buffer`], [`Kernel`]), dtypes and
 //! strided layouts, the op catalog ([`Op`]), the caching allocator, [`Tensor`] with define-by-run
 //! autograd, and everything built on tensors: nn modules, models, optimizers, data,
-//! checkpoints and generation.
+//! checkpoints, generation, and data-parallel training ([`dist`]: collectives across
+//! devices and hosts, which the trainer uses through [`train::Trainer::join`]).
 //!
 //! There is no global mutable state: devices own their pools and kernel caches, and the only
 //! per-thread state is the `no_grad` depth.

@@ -29,6 +29,17 @@ fn parse_devices(list: &str) -> Result<Vec<String>> {
     }
     let specs: Vec<&str> = devices.iter().map(String::as_str).collect();
     crate::check_collectives(&specs)?;
+    let backend = |spec: &str| spec.split(':').next().unwrap_or_default().to_string();
+    if let Some(other) = specs.iter().find(|s| backend(s) != backend(specs[0])) {
+        return Err(invalid(
+            "train --devices",
+            format!(
+                "every worker needs the same backend (their collectives must speak one \
+                 protocol): {} and {other} differ",
+                specs[0]
+            ),
+        ));
+    }
     Ok(devices)
 }
 

@@ -561,7 +561,7 @@ fn join_world(env: &DistEnv, device: &Arc<dyn Device>) -> Result<(World, Arc<dyn
         eprintln!("error: rank {rank} ({id}): {why}; stopping");
         std::process::exit(PEER_STOPPED_EXIT);
     }))?;
-    let collective = device.clone().join_collective(&rendezvous)?;
+    let collective = crate::dist::join(device, &rendezvous)?;
     Ok((
         World {
             rank: env.rank,

@@ -340,7 +340,6 @@ impl AmdDriver {
         let text = unsafe { CStr::from_ptr((self.api.error_string)(code)) };
         Err(driver_error(BACKEND, what, text.to_string_lossy()))
     }
-
 }
 
 impl Drop for AmdDriver {

@@ -334,8 +334,8 @@ impl CudaDriver {
         // SAFETY: both streams belong to this context; the event was just created, and
         // destroying it after the wait is queued is allowed (the wait keeps what it needs).
         unsafe {
-            let ordered = check("cuEventRecord", result::event::record(event, queued)).and_then(
-                |()| {
+            let ordered =
+                check("cuEventRecord", result::event::record(event, queued)).and_then(|()| {
                     check(
                         "cuStreamWaitEvent",
                         result::stream::wait_event(
@@ -344,8 +344,7 @@ impl CudaDriver {
                             sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
                         ),
                     )
-                },
-            );
+                });
             let _ = result::event::destroy(event);
             ordered
         }
@@ -361,7 +360,6 @@ impl CudaDriver {
             _ => self.stream,
         }
     }
-
 
     /// cuBLASLt's plan for `g`, made once per shape.
     fn plan(&self, g: &Gemm) -> Result<GemmKey> {

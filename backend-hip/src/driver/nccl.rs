@@ -77,7 +77,9 @@ pub(crate) fn library(backend: &str) -> std::result::Result<&'static Nccl, Strin
     static NCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
     static RCCL: OnceLock<std::result::Result<Nccl, String>> = OnceLock::new();
     let slot = if backend == "hip" { &RCCL } else { &NCCL };
-    slot.get_or_init(|| load(backend)).as_ref().map_err(Clone::clone)
+    slot.get_or_init(|| load(backend))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 fn load(backend: &str) -> std::result::Result<Nccl, String> {

@@ -18,12 +18,13 @@ mod host;
 mod rendezvous;
 
 use std::fmt::Debug;
+use std::sync::Arc;
 
 pub use buckets::{GradientBuckets, BUCKET_BYTES};
 pub use host::HostCollective;
 pub use rendezvous::{Rendezvous, CONNECT_TIMEOUT};
 
-use crate::{Error, Result, TensorRef};
+use crate::{Device, Error, Result, TensorRef};
 
 /// Collectives among the ranks of one world, on one device per rank. Every rank makes the
 /// same calls in the same order, with tensors of the same shapes and dtypes; a call
@@ -45,6 +46,14 @@ pub trait Collective: Send + Sync + Debug {
     /// Returns once every rank has called it and the work each queued before has finished
     /// (before a worker exits, so that no rank is left waiting on its collectives).
     fn barrier(&self) -> Result<()>;
+}
+
+/// Joins the world of `rendezvous` with `device` (every rank calls it once, at the same
+/// point): the ranks must use one backend, whose collectives speak one protocol, and then
+/// the device makes its [`Collective`] ([`crate::Device::join_collective`]).
+pub fn join(device: &Arc<dyn Device>, rendezvous: &Arc<Rendezvous>) -> Result<Arc<dyn Collective>> {
+    rendezvous.agree("backend", &device.info().backend)?;
+    device.clone().join_collective(rendezvous)
 }
 
 /// Where a worker stands in its world, from torchrun's environment variables.

@@ -221,6 +221,36 @@ impl Rendezvous {
         }
     }
 
+    /// Checks that every rank passes the same `value` of `what` (each rank's backend, say):
+    /// an error on every rank names the ranks that differ from rank 0.
+    pub fn agree(&self, what: &str, value: &str) -> Result<()> {
+        let verdict = match self.gather_to_root(value.as_bytes())? {
+            Some(all) => {
+                let differing: Vec<String> = all
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.as_slice() != value.as_bytes())
+                    .map(|(rank, v)| format!("rank {rank} has {}", String::from_utf8_lossy(v)))
+                    .collect();
+                let verdict = if differing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "every rank needs the same {what}; rank 0 has {value}, {}",
+                        differing.join(", ")
+                    )
+                };
+                self.share_from_root(verdict.as_bytes())?
+            }
+            None => self.share_from_root(&[])?,
+        };
+        if verdict.is_empty() {
+            Ok(())
+        } else {
+            Err(collective_error(String::from_utf8_lossy(&verdict)))
+        }
+    }
+
     /// Watches the other ranks from background threads: when one stops before the run
     /// ends, `on_failure` is called once with a line that names it. The caller decides what
     /// a failure does; `tessera train` ends the worker, since collectives already queued
@@ -360,6 +390,25 @@ mod tests {
             Some(vec![vec![0, 0, 0], vec![1, 1, 1], vec![2, 2, 2]])
         );
         assert_eq!(results[1].1, None);
+    }
+
+    #[test]
+    fn ranks_that_disagree_are_named() {
+        let ranks = world(3);
+        let handles: Vec<_> = ranks
+            .iter()
+            .cloned()
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let backend = if r.rank() == 2 { "cpu" } else { "cuda" };
+                    r.agree("backend", backend).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for h in handles {
+            let err = h.join().unwrap().unwrap_err();
+            assert!(err.contains("rank 2 has cpu"), "{err}");
+        }
     }
 
     #[test]

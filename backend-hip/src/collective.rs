@@ -7,13 +7,14 @@
 //! stream), so replayed training steps reduce their gradients too. The communicator is made
 //! once per device and world, from the unique id rank 0 shares over the rendezvous links.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tessera_core::dist::{Collective, Rendezvous};
+use tessera_core::dist::{check_contiguous, Collective, Rendezvous};
 use tessera_core::{Error, Result, TensorRef};
 
-use crate::driver::nccl::{self, Comm, Nccl, UniqueId, UNIQUE_ID_BYTES};
+use crate::driver::nccl::{self, Call, Comm, Nccl, UniqueId, UNIQUE_ID_BYTES};
 use crate::gpu::Gpu;
 use crate::memory::lock;
 
@@ -89,29 +90,17 @@ pub(crate) fn join(gpu: &Arc<Gpu>, rendezvous: &Arc<Rendezvous>) -> Result<Arc<d
 
 /// The element count and NCCL dtype of a contiguous tensor.
 fn operand(op: &str, t: &TensorRef<'_>) -> Result<(usize, i32)> {
-    if !t.layout.is_contiguous() {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "needs contiguous tensors; got shape {:?} with strides {:?}",
-                t.layout.shape, t.layout.strides
-            ),
-        ));
-    }
+    check_contiguous(op, t)?;
     let dtype = nccl::data_type(t.dtype)
         .ok_or_else(|| Error::dtype(op, format!("{} has no NCCL type", t.dtype)))?;
     Ok((t.layout.numel(), dtype))
 }
 
 impl NcclCollective {
-    /// Queues `each` for every tensor as one NCCL group on the side stream, after the work
-    /// queued so far.
-    fn grouped(
-        &self,
-        op: &str,
-        tensors: &[TensorRef<'_>],
-        each: &dyn Fn(u64, usize, i32, Comm, *mut std::ffi::c_void) -> i32,
-    ) -> Result<()> {
+    /// Queues `call` (`ncclAllReduce` or `ncclBroadcast`, which take the same arguments)
+    /// in place on every tensor, as one NCCL group on the side stream after the work
+    /// queued so far; `arg` is the reduction or the root.
+    fn grouped(&self, op: &str, tensors: &[TensorRef<'_>], call: Call, arg: i32) -> Result<()> {
         let operands: Vec<(u64, usize, i32)> = tensors
             .iter()
             .map(|t| {
@@ -121,24 +110,25 @@ impl NcclCollective {
             .collect::<Result<_>>()?;
         self.gpu.keep(tensors);
         self.settled.store(false, Ordering::SeqCst);
+        // One group at a time: every rank must queue its groups in the same order.
+        let turn = lock(&self.comm);
+        let comm = *turn as Comm;
         let driver = &self.gpu.driver;
         driver.side_after_queued()?;
-        let stream = driver.side_stream()? as *mut std::ffi::c_void;
-        let comm = lock(&self.comm);
+        let stream = driver.side_stream()? as *mut c_void;
         let nccl = self.nccl;
         // SAFETY: each pointer addresses `count` elements of a live tensor of this device
-        // (checked above; the caller keeps them alive until `wait`), the communicator is
-        // this device's, and the side stream belongs to its context, current since the
-        // driver ordered the streams.
+        // (checked above; the caller keeps them alive until `wait`), sent and received in
+        // place; the communicator is this device's, used under its lock, and the side
+        // stream belongs to its context, current since the driver ordered the streams.
         unsafe {
             nccl.check("ncclGroupStart", (nccl.group_start)())?;
             let mut queued = Ok(());
-            for &(ptr, count, dtype) in &operands {
-                if count > 0 {
-                    queued = nccl.check(op, each(ptr, count, dtype, *comm as Comm, stream));
-                    if queued.is_err() {
-                        break;
-                    }
+            for &(ptr, count, dtype) in operands.iter().filter(|o| o.1 > 0) {
+                let (send, recv) = (ptr as *const c_void, ptr as *mut c_void);
+                queued = nccl.check(op, call(send, recv, count, dtype, arg, comm, stream));
+                if queued.is_err() {
+                    break;
                 }
             }
             let ended = nccl.check("ncclGroupEnd", (nccl.group_end)());
@@ -157,25 +147,7 @@ impl Collective for NcclCollective {
     }
 
     fn all_reduce_sum(&self, tensors: &[TensorRef<'_>]) -> Result<()> {
-        let f = self.nccl.all_reduce;
-        self.grouped(
-            "ncclAllReduce",
-            tensors,
-            &|ptr, count, dtype, comm, stream| {
-                // SAFETY: see `grouped`; in place (the same send and receive buffer).
-                unsafe {
-                    f(
-                        ptr as *const _,
-                        ptr as *mut _,
-                        count,
-                        dtype,
-                        nccl::SUM,
-                        comm,
-                        stream,
-                    )
-                }
-            },
-        )
+        self.grouped("ncclAllReduce", tensors, self.nccl.all_reduce, nccl::SUM)
     }
 
     fn broadcast(&self, tensors: &[TensorRef<'_>], root: usize) -> Result<()> {
@@ -185,25 +157,7 @@ impl Collective for NcclCollective {
                 format!("root {root} is not a rank of {}", self.world_size),
             ));
         }
-        let f = self.nccl.broadcast;
-        self.grouped(
-            "ncclBroadcast",
-            tensors,
-            &|ptr, count, dtype, comm, stream| {
-                // SAFETY: see `grouped`; in place.
-                unsafe {
-                    f(
-                        ptr as *const _,
-                        ptr as *mut _,
-                        count,
-                        dtype,
-                        root as i32,
-                        comm,
-                        stream,
-                    )
-                }
-            },
-        )
+        self.grouped("ncclBroadcast", tensors, self.nccl.broadcast, root as i32)
     }
 
     fn wait(&self) -> Result<()> {

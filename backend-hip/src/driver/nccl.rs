@@ -23,6 +23,18 @@ type Status = c_int;
 /// `ncclSum` of `ncclRedOp_t`.
 pub(crate) const SUM: c_int = 0;
 
+/// `ncclAllReduce` and `ncclBroadcast`: send and receive buffers, count, dtype, the
+/// reduction or the root, communicator, stream.
+pub(crate) type Call = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    Comm,
+    *mut c_void,
+) -> Status;
+
 /// The library's C functions the backend calls.
 pub(crate) struct Nccl {
     _lib: Library,
@@ -30,24 +42,8 @@ pub(crate) struct Nccl {
     pub(crate) name: &'static str,
     pub(crate) get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Status,
     pub(crate) comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> Status,
-    pub(crate) all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        Comm,
-        *mut c_void,
-    ) -> Status,
-    pub(crate) broadcast: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        Comm,
-        *mut c_void,
-    ) -> Status,
+    pub(crate) all_reduce: Call,
+    pub(crate) broadcast: Call,
     pub(crate) group_start: unsafe extern "C" fn() -> Status,
     pub(crate) group_end: unsafe extern "C" fn() -> Status,
     pub(crate) comm_destroy: unsafe extern "C" fn(Comm) -> Status,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{collective_error, Collective, Rendezvous};
+use super::{check_contiguous, collective_error, Collective, Rendezvous};
 use crate::{decode_f64, encode_f64, Device, Error, Result, TensorRef};
 
 /// All-reduce and broadcast through rank 0 over TCP: each rank's tensors go to rank 0,
@@ -50,15 +50,7 @@ impl HostCollective {
 
 /// The byte offset and length of a contiguous tensor in its buffer.
 fn span(op: &str, t: &TensorRef<'_>) -> Result<(usize, usize)> {
-    if !t.layout.is_contiguous() {
-        return Err(Error::invalid(
-            op,
-            format!(
-                "needs contiguous tensors; got shape {:?} with strides {:?}",
-                t.layout.shape, t.layout.strides
-            ),
-        ));
-    }
+    check_contiguous(op, t)?;
     let size = t.dtype.size();
     Ok((t.layout.offset * size, t.layout.numel() * size))
 }

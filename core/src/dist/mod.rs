@@ -133,6 +133,20 @@ impl DistEnv {
     }
 }
 
+/// Checks that `t` is contiguous, as collectives need: they move whole buffers' ranges.
+pub fn check_contiguous(op: &str, t: &TensorRef<'_>) -> Result<()> {
+    if t.layout.is_contiguous() {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        op,
+        format!(
+            "needs contiguous tensors; got shape {:?} with strides {:?}",
+            t.layout.shape, t.layout.strides
+        ),
+    ))
+}
+
 /// The error of a collective that cannot go on: a rank that stopped, a connection lost.
 pub(crate) fn collective_error(detail: impl Into<String>) -> Error {
     Error::Collective {

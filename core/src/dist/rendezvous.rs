@@ -367,21 +367,26 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn ranks_share_and_gather_bytes() {
-        let ranks = world(3);
+    /// What `f` returns on each rank, run on a thread per rank, by rank.
+    fn on_every_rank<T: Send + 'static>(
+        ranks: &[Arc<Rendezvous>],
+        f: fn(&Rendezvous) -> T,
+    ) -> Vec<T> {
         let handles: Vec<_> = ranks
             .iter()
             .cloned()
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let shared = r.share_from_root(&[r.rank() as u8 + 10]).unwrap();
-                    let gathered = r.gather_to_root(&[r.rank() as u8; 3]).unwrap();
-                    (shared, gathered)
-                })
-            })
+            .map(|r| std::thread::spawn(move || f(&r)))
             .collect();
-        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn ranks_share_and_gather_bytes() {
+        let results = on_every_rank(&world(3), |r| {
+            let shared = r.share_from_root(&[r.rank() as u8 + 10]).unwrap();
+            let gathered = r.gather_to_root(&[r.rank() as u8; 3]).unwrap();
+            (shared, gathered)
+        });
         for (shared, _) in &results {
             assert_eq!(shared, &[10]);
         }
@@ -394,19 +399,12 @@ mod tests {
 
     #[test]
     fn ranks_that_disagree_are_named() {
-        let ranks = world(3);
-        let handles: Vec<_> = ranks
-            .iter()
-            .cloned()
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let backend = if r.rank() == 2 { "cpu" } else { "cuda" };
-                    r.agree("backend", backend).map_err(|e| e.to_string())
-                })
-            })
-            .collect();
-        for h in handles {
-            let err = h.join().unwrap().unwrap_err();
+        let results = on_every_rank(&world(3), |r| {
+            let backend = if r.rank() == 2 { "cpu" } else { "cuda" };
+            r.agree("backend", backend).map_err(|e| e.to_string())
+        });
+        for result in results {
+            let err = result.unwrap_err();
             assert!(err.contains("rank 2 has cpu"), "{err}");
         }
     }

@@ -48,8 +48,8 @@
 //! with libloading (`driver/nccl.rs`); a communicator per device from the unique id rank 0
 //! shares over core's rendezvous; gradient buckets summed on the device's side stream, which
 //! waits for the backward kernels queued before each bucket and which later work waits for
-//! (events), inside recorded graphs too. RCCL's path, like the rest of AMD's, is unrun, and
-//! the AMD driver has no side stream yet, so collectives there say `Unsupported`.
+//! (events), inside recorded graphs too. RCCL's path, like the rest of AMD's, is unrun (and
+//! AMD's matmuls, hence its training, say `Unsupported` until hipBLASLt is wired).
 //! On AMD every kernel compiles with hiprtc for `gfx90a` (wave64) and `gfx1030` (wave32) in
 //! the tests, without a GPU; the runtime (`driver/amd.rs`) is written against the HIP
 //! runtime's API but no AMD GPU has run it, and matmuls there say `Unsupported` until
@@ -107,17 +107,13 @@ fn cuda_without_collectives() -> Option<String> {
     (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
 }
 
-/// Why `hip` devices cannot join collectives: the HIP runtime or RCCL not installed, or
-/// (with both) that the AMD driver has no side stream for them yet.
+/// Why `hip` devices cannot join collectives: the HIP runtime or RCCL not installed.
 fn hip_without_collectives() -> Option<String> {
     let mut missing: Vec<&str> = driver::amd::missing().into_iter().collect();
     if driver::nccl::library("hip").is_err() {
         missing.push(driver::nccl::describe("hip"));
     }
-    if !missing.is_empty() {
-        return Some(format!("not installed: {}", missing.join(", ")));
-    }
-    Some("collectives on AMD GPUs need a side stream, which the AMD driver lacks yet".into())
+    (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
 }
 
 fn hip_absent() -> Option<String> {

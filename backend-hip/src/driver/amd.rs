@@ -195,7 +195,14 @@ struct Api {
         *mut *mut c_void,
     ) -> c_int,
     error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    event_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int,
+    event_record: unsafe extern "C" fn(*mut c_void, HipStream) -> c_int,
+    event_destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
+    stream_wait_event: unsafe extern "C" fn(HipStream, *mut c_void, c_uint) -> c_int,
 }
+
+/// `hipEventDisableTiming`: an event that only orders work.
+const HIP_EVENT_DISABLE_TIMING: c_uint = 2;
 
 impl Api {
     fn load(lib: &Library) -> std::result::Result<Api, String> {
@@ -221,6 +228,10 @@ impl Api {
             get_function: sym(lib, "hipModuleGetFunction\0")?,
             launch: sym(lib, "hipModuleLaunchKernel\0")?,
             error_string: sym(lib, "hipGetErrorString\0")?,
+            event_create: sym(lib, "hipEventCreateWithFlags\0")?,
+            event_record: sym(lib, "hipEventRecord\0")?,
+            event_destroy: sym(lib, "hipEventDestroy\0")?,
+            stream_wait_event: sym(lib, "hipStreamWaitEvent\0")?,
         })
     }
 }
@@ -238,6 +249,8 @@ pub(crate) struct AmdDriver {
     arch: String,
     total_memory: usize,
     modules: Mutex<Vec<usize>>,
+    /// The side stream ([`Driver::side_stream`]), once made.
+    side: OnceLock<usize>,
 }
 
 // SAFETY: the stream and modules are HIP runtime handles, usable from any thread once the
@@ -321,6 +334,7 @@ impl AmdDriver {
             arch,
             total_memory,
             modules: Mutex::new(Vec::new()),
+            side: OnceLock::new(),
         };
         driver.bind()?;
         let mut stream = std::ptr::null_mut();
@@ -330,6 +344,30 @@ impl AmdDriver {
         })?;
         driver.stream = stream;
         Ok(driver)
+    }
+
+    /// Makes `waiting` wait for the work queued so far on `queued`, through an event.
+    fn order(&self, waiting: HipStream, queued: HipStream) -> Result<()> {
+        self.bind()?;
+        let mut event = std::ptr::null_mut();
+        // SAFETY: both streams belong to this device; the event is created here, and
+        // destroying it once the wait is queued is allowed (the wait keeps what it needs).
+        unsafe {
+            self.check(
+                "hipEventCreateWithFlags",
+                (self.api.event_create)(&mut event, HIP_EVENT_DISABLE_TIMING),
+            )?;
+            let ordered = self
+                .check("hipEventRecord", (self.api.event_record)(event, queued))
+                .and_then(|()| {
+                    self.check(
+                        "hipStreamWaitEvent",
+                        (self.api.stream_wait_event)(waiting, event, 0),
+                    )
+                });
+            (self.api.event_destroy)(event);
+            ordered
+        }
     }
 
     fn check(&self, what: &str, code: c_int) -> Result<()> {
@@ -358,6 +396,10 @@ impl Drop for AmdDriver {
                 .drain(..)
             {
                 (self.api.module_unload)(module as *mut c_void);
+            }
+            if let Some(&side) = self.side.get() {
+                (self.api.stream_synchronize)(side as HipStream);
+                (self.api.stream_destroy)(side as HipStream);
             }
             (self.api.stream_destroy)(self.stream);
         }
@@ -554,6 +596,33 @@ impl Driver for AmdDriver {
         let mut out = vec![0u8; len];
         self.download(src, &mut out)?;
         Ok(Box::new(ReadyBytes(out)))
+    }
+
+    fn side_stream(&self) -> Result<usize> {
+        if let Some(&stream) = self.side.get() {
+            return Ok(stream);
+        }
+        self.bind()?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: creates a non-blocking stream (flag 1) on the current device.
+        self.check("hipStreamCreateWithFlags", unsafe {
+            (self.api.stream_create)(&mut stream, 1)
+        })?;
+        if self.side.set(stream as usize).is_err() {
+            // SAFETY: another thread made the side stream first; this one is unused.
+            unsafe { (self.api.stream_destroy)(stream) };
+        }
+        Ok(*self.side.get().unwrap_or(&(stream as usize)))
+    }
+
+    fn side_after_queued(&self) -> Result<()> {
+        let side = self.side_stream()? as HipStream;
+        self.order(side, self.stream)
+    }
+
+    fn queued_after_side(&self) -> Result<()> {
+        let side = self.side_stream()? as HipStream;
+        self.order(self.stream, side)
     }
 
     fn event(&self) -> Result<Event> {

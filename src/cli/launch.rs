@@ -10,7 +10,8 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use super::invalid;
-use super::train::{TrainArgs, PEER_STOPPED_EXIT};
+use super::train::TrainArgs;
+use super::world::PEER_STOPPED_EXIT;
 use crate::{Error, Result};
 
 /// How long the other workers get to stop on their own once one has failed.

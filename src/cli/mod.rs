@@ -6,6 +6,7 @@ pub mod launch;
 pub mod plot;
 pub mod tokenizer;
 pub mod train;
+mod world;
 
 use clap::{Parser, Subcommand};
 

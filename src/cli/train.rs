@@ -12,11 +12,12 @@ use serde_json::json;
 use super::invalid;
 use super::plot::{self, Metrics};
 use super::tokenizer::TokenizerSpec;
+use super::world::{check_world_size, join_world, worker_device, World};
 use crate::checkpoint;
 use crate::data::{
     from_record, AdditionTask, AdditionTokenizer, Split, TextDataset, Tokenizer, SUCCESS_BAR,
 };
-use crate::dist::{Collective, DistEnv, Rendezvous, CONNECT_TIMEOUT};
+use crate::dist::DistEnv;
 use crate::generate::greedy_batch;
 use crate::io;
 use crate::models::{Transformer, TransformerConfig};
@@ -39,8 +40,10 @@ pub enum PrecisionArg {
 }
 
 /// Options of `tessera train`. A resumed run keeps the options it was started with, except
-/// `--steps`, `--device`, `--out`, `--overwrite`, `--halt-after`, `--quiet` and `--log-scale`; another option
-/// given with `--resume` that differs from the run's own is refused, not ignored.
+/// `--steps`, `--device`, `--devices`, `--bucket-mb`, `--out`, `--overwrite`,
+/// `--halt-after`, `--quiet` and `--log-scale`; another option given with `--resume` that
+/// differs from the run's own is refused, not ignored (a resumed data-parallel run keeps
+/// its number of workers too).
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct TrainArgs {
     /// Text file to train on; without it, the built-in multi-digit addition task.
@@ -503,93 +506,6 @@ fn effective_args(args: &TrainArgs) -> Result<(TrainArgs, Option<checkpoint::Loa
     merged.overwrite = args.overwrite;
     merged.halt_after = args.halt_after;
     Ok((merged, Some(loaded)))
-}
-
-/// This worker's place in a data-parallel world: its rank, the links to the other ranks
-/// and the collectives over them. A run of its own is a world of one without either.
-struct World {
-    rank: usize,
-    size: usize,
-    rendezvous: Option<Arc<Rendezvous>>,
-}
-
-impl World {
-    fn alone() -> World {
-        World {
-            rank: 0,
-            size: 1,
-            rendezvous: None,
-        }
-    }
-
-    fn is_root(&self) -> bool {
-        self.rank == 0
-    }
-
-    /// Rank 0's `value` on every rank (the rendezvous link carries it).
-    fn decide(&self, value: bool) -> Result<bool> {
-        match &self.rendezvous {
-            Some(r) => Ok(r.share_from_root(&[u8::from(value)])? == [1]),
-            None => Ok(value),
-        }
-    }
-}
-
-/// The device of this worker: `--device`, else under torchrun's variables the best
-/// backend's device `LOCAL_RANK`, else the default.
-fn worker_device(args: &TrainArgs, env: Option<&DistEnv>) -> Result<Arc<dyn Device>> {
-    match (&args.device, env) {
-        (None, Some(env)) => {
-            let best = super::open_device(None)?;
-            crate::open_device(&format!("{}:{}", best.info().backend, env.local_rank))
-        }
-        (spec, _) => super::open_device(spec.as_deref()),
-    }
-}
-
-/// The exit status of a worker that stops because another rank stopped first: the launcher
-/// names that other rank, the cause.
-pub const PEER_STOPPED_EXIT: i32 = 3;
-
-/// Meets the other ranks of `env`'s world and joins its collectives on `device`. A rank
-/// that stops early ends this worker too, with a line that names it: collectives already
-/// queued would otherwise wait for it for ever.
-fn join_world(env: &DistEnv, device: &Arc<dyn Device>) -> Result<(World, Arc<dyn Collective>)> {
-    let rendezvous = Rendezvous::connect(env, CONNECT_TIMEOUT)?;
-    let (rank, id) = (env.rank, device.info().id());
-    rendezvous.watch(Arc::new(move |why| {
-        eprintln!("error: rank {rank} ({id}): {why}; stopping");
-        std::process::exit(PEER_STOPPED_EXIT);
-    }))?;
-    let collective = crate::dist::join(device, &rendezvous)?;
-    Ok((
-        World {
-            rank: env.rank,
-            size: env.world_size,
-            rendezvous: Some(rendezvous),
-        },
-        collective,
-    ))
-}
-
-/// Refuses to resume a data-parallel run with another number of workers: each step's batch
-/// and the data each worker reads would change.
-fn check_world_size(state: &serde_json::Value, world_size: usize, path: &Path) -> Result<()> {
-    let trained = state
-        .get("world_size")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(1) as usize;
-    if trained == world_size {
-        return Ok(());
-    }
-    Err(invalid(
-        "train --resume",
-        format!(
-            "{} was trained by {trained} worker(s); resuming it needs {trained} too, not \
-             {world_size} (--devices with {trained} devices, or WORLD_SIZE={trained})",
-            path.display()
-        ),
-    ))
 }
 
 /// Trains as `tessera train` does and reports where the results went. In a data-parallel

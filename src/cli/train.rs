@@ -522,7 +522,7 @@ pub fn run(args: &TrainArgs) -> Result<TrainSummary> {
     }
     let (args, resumed) = effective_args(args)?;
     validate(&args)?;
-    let device = worker_device(&args, env.as_ref())?;
+    let device = worker_device(args.device.as_deref(), env.as_ref())?;
     let (world, collective) = match &env {
         Some(env) => {
             let (world, collective) = join_world(env, &device)?;

@@ -7,9 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::invalid;
-use super::train::TrainArgs;
 use crate::dist::{Collective, DistEnv, Rendezvous, CONNECT_TIMEOUT};
-use crate::{Device, Result};
+use crate::{Device, Error, Result};
 
 /// This worker's place in a data-parallel world: its rank and the links to the other
 /// ranks. A run of its own is a world of one without links.
@@ -41,16 +40,27 @@ impl World {
     }
 }
 
-/// The device of this worker: `--device`, else under torchrun's variables the best
-/// backend's device `LOCAL_RANK`, else the default.
-pub(super) fn worker_device(args: &TrainArgs, env: Option<&DistEnv>) -> Result<Arc<dyn Device>> {
-    match (&args.device, env) {
-        (None, Some(env)) => {
-            let best = super::open_device(None)?;
-            crate::open_device(&format!("{}:{}", best.info().backend, env.local_rank))
-        }
-        (spec, _) => super::open_device(spec.as_deref()),
-    }
+/// The device of this worker: `--device`, else under torchrun's variables device
+/// `LOCAL_RANK` of `TESSERA_DEVICE`'s backend or of the best backend present, else the
+/// default.
+pub(super) fn worker_device(spec: Option<&str>, env: Option<&DistEnv>) -> Result<Arc<dyn Device>> {
+    let (None, Some(env)) = (spec, env) else {
+        return super::open_device(spec);
+    };
+    let chosen = std::env::var("TESSERA_DEVICE")
+        .ok()
+        .filter(|d| !d.is_empty());
+    let backend = match chosen {
+        Some(device) => device.split(':').next().unwrap_or_default().to_string(),
+        None => crate::devices()
+            .first()
+            .map(|d| d.backend.to_string())
+            .ok_or_else(|| Error::Device {
+                name: format!("local rank {}", env.local_rank),
+                detail: "no backend reports a device".into(),
+            })?,
+    };
+    crate::open_device(&format!("{backend}:{}", env.local_rank))
 }
 
 /// The exit status of a worker that stops because another rank stopped first: the launcher

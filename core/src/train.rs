@@ -443,7 +443,9 @@ impl Trainer {
 /// The last backward pass has finished `param`'s gradient: it moves to the f32 master
 /// weight, where there is one, and joins the buckets summed over the ranks, where there are
 /// any (a parameter the pass did not reach joins with zeros, so that every rank reduces the
-/// same tensors).
+/// same tensors). The sum is written in place, so a gradient whose storage another tensor
+/// may still use in the rest of the pass (an add passes one gradient to both its inputs) is
+/// copied first.
 fn gradient_ready(
     param: &Tensor,
     master: Option<&Tensor>,
@@ -460,8 +462,14 @@ fn gradient_ready(
     let Some(buckets) = buckets else {
         return Ok(());
     };
+    let exclusive = owner.grad_is_exclusive();
     let grad = match owner.grad() {
-        Some(g) => g,
+        Some(g) if exclusive => g,
+        Some(g) => {
+            let own = copied(&g)?;
+            owner.set_grad(Some(own.clone()));
+            own
+        }
         None => {
             let zeros = Tensor::zeros(owner.shape(), owner.dtype(), owner.device())?;
             owner.set_grad(Some(zeros.clone()));

@@ -183,6 +183,15 @@ impl Tensor {
         *self.0.grad.lock().unwrap_or_else(|e| e.into_inner()) = grad;
     }
 
+    /// Whether this leaf's gradient is held by the leaf alone: no other handle or view
+    /// shares its storage (an add's backward passes one gradient to both its inputs), so it
+    /// may be written in place while the backward pass goes on.
+    pub(crate) fn grad_is_exclusive(&self) -> bool {
+        let slot = self.0.grad.lock().unwrap_or_else(|e| e.into_inner());
+        slot.as_ref()
+            .is_some_and(|g| Arc::strong_count(&g.0) == 1 && Arc::strong_count(&g.0.buffer) == 1)
+    }
+
     pub fn zero_grad(&self) {
         self.set_grad(None);
     }
@@ -717,5 +726,42 @@ impl Tensor {
             return self.reshape(shape);
         }
         self.sum(&axes, true)?.reshape(shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{open_device, DType};
+
+    /// A parameter added to a same-shaped tensor gets the very gradient the other input
+    /// gets: it is not the leaf's alone until that input's own backward has run.
+    #[test]
+    fn a_gradient_passed_on_to_another_input_is_not_exclusive() {
+        let Ok(device) = open_device("cpu") else {
+            return;
+        };
+        let leaf = |v: &[f32]| {
+            Tensor::from_slice(v, &[v.len()], &device)
+                .unwrap()
+                .requires_grad()
+        };
+        let (x, bias, scale) = (leaf(&[1.0, 2.0]), leaf(&[0.5, 0.5]), leaf(&[3.0, 3.0]));
+        let loss = x
+            .mul(&scale)
+            .unwrap()
+            .add(&bias)
+            .unwrap()
+            .sum(&[0], false)
+            .unwrap();
+        let seed = Tensor::ones(&[], DType::F32, &device).unwrap();
+        let leaves = [bias.clone(), scale.clone()];
+        let mut seen = Vec::new();
+        loss.backward_with_hooks(&seed, &leaves, &mut |i| {
+            seen.push((i, leaves[i].grad_is_exclusive()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![(0, false), (1, true)]);
     }
 }

@@ -272,6 +272,10 @@ fn a_resumed_run_keeps_its_world_size() {
     assert_eq!(checkpoint::load(&ckpt).unwrap().state.step, 6);
 }
 
+/// Where a device list's backend has no collectives (wgpu), or lacks its libraries (CUDA
+/// and NCCL on a machine without them, as CI's), training stops before any worker starts,
+/// in one line that names what is missing. Where CUDA and NCCL are installed, the CUDA runs
+/// simply train (a step), and only the wgpu list has something to refuse.
 #[test]
 fn devices_without_collectives_are_refused_in_one_line() {
     let dir = temp_dir("refused");

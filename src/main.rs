@@ -23,6 +23,6 @@ fn main() {
     };
     if let Err(e) = tessera::cli::run(cli) {
         eprintln!("error: {e}");
-        std::process::exit(1);
+        std::process::exit(tessera::cli::exit_code(&e));
     }
 }

@@ -71,6 +71,9 @@ pub enum Error {
     /// vendor's collective library failed.
     #[error("collective: {detail}")]
     Collective { detail: String },
+    /// The link to another rank of a data-parallel world broke: that rank stopped.
+    #[error("collective: the link to rank {rank} failed ({detail}); it has stopped")]
+    RankLost { rank: usize, detail: String },
     /// Malformed, truncated or inconsistent files (safetensors, configs, checkpoints).
     #[error("{path}: {detail}")]
     Format { path: String, detail: String },

@@ -126,9 +126,15 @@ fn watch(mut workers: Vec<(String, Child)>) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A worker ended by a signal is the likeliest cause, then one that failed on its own.
     let cause = failures
         .iter()
-        .find(|(_, status)| status.code() != Some(PEER_STOPPED_EXIT))
+        .find(|(_, status)| status.code().is_none())
+        .or_else(|| {
+            failures
+                .iter()
+                .find(|(_, status)| status.code() != Some(PEER_STOPPED_EXIT))
+        })
         .or(failures.first());
     match cause {
         None => Ok(()),

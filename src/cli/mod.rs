@@ -48,6 +48,15 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The exit status for an error: a data-parallel worker that stops because another rank
+/// stopped says so ([`world::PEER_STOPPED_EXIT`]), so that the launcher names that rank.
+pub fn exit_code(error: &Error) -> i32 {
+    match error {
+        Error::RankLost { .. } if is_worker() => world::PEER_STOPPED_EXIT,
+        _ => 1,
+    }
+}
+
 /// Whether this process is a worker of a data-parallel world (torchrun's variables set).
 fn is_worker() -> bool {
     std::env::var_os("WORLD_SIZE").is_some()

@@ -65,7 +65,7 @@ pub(super) fn worker_device(spec: Option<&str>, env: Option<&DistEnv>) -> Result
 
 /// The exit status of a worker that stops because another rank stopped first: the launcher
 /// names that other rank, the cause.
-pub const PEER_STOPPED_EXIT: i32 = 3;
+pub(crate) const PEER_STOPPED_EXIT: i32 = 3;
 
 /// Meets the other ranks of `env`'s world and joins its collectives on `device`. A rank
 /// that stops early ends this worker too, with a line that names it: collectives already

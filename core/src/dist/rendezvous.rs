@@ -21,6 +21,10 @@ use crate::Result;
 /// How long ranks wait for each other to start.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How long rank 0 waits for a new connection's greeting: a stray connection to the port
+/// that says nothing must not hold up the ranks behind it.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The first bytes of every link, so that a stray connection to the port is refused.
 const MAGIC: [u8; 4] = *b"TSRA";
 const DATA_LINK: u8 = 0;
@@ -112,7 +116,7 @@ impl Rendezvous {
             stream
                 .set_nonblocking(false)
                 .and_then(|_| stream.set_nodelay(true))
-                .and_then(|_| stream.set_read_timeout(Some(timeout)))
+                .and_then(|_| stream.set_read_timeout(Some(GREETING_TIMEOUT)))
                 .map_err(|e| io_error("accepting a rank", e))?;
             let mut hello = [0u8; 13];
             if stream.read_exact(&mut hello).is_err() || hello[..4] != MAGIC {
@@ -315,7 +319,10 @@ impl Rendezvous {
 
 /// The error of a lost data link to `rank`.
 fn lost(rank: usize, e: std::io::Error) -> crate::Error {
-    collective_error(format!("the link to rank {rank} failed: {e}"))
+    crate::Error::RankLost {
+        rank,
+        detail: e.to_string(),
+    }
 }
 
 fn write_frame(link: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {

@@ -25,8 +25,9 @@ pub(crate) struct NcclCollective {
     comm: Mutex<usize>,
     rank: usize,
     world_size: usize,
-    /// Every rank passed a barrier since the last collective, so nothing is left in flight: the communicator is
-    /// destroyed; otherwise (a failure) it is aborted, which waits for no peer.
+    /// Every rank passed a barrier since the last collective, so nothing is left in flight:
+    /// the communicator is destroyed; otherwise (a failure) it is aborted, which waits for
+    /// no peer.
     settled: AtomicBool,
 }
 
@@ -91,9 +92,7 @@ pub(crate) fn join(gpu: &Arc<Gpu>, rendezvous: &Arc<Rendezvous>) -> Result<Arc<d
 /// The element count and NCCL dtype of a contiguous tensor.
 fn operand(op: &str, t: &TensorRef<'_>) -> Result<(usize, i32)> {
     check_contiguous(op, t)?;
-    let dtype = nccl::data_type(t.dtype)
-        .ok_or_else(|| Error::dtype(op, format!("{} has no NCCL type", t.dtype)))?;
-    Ok((t.layout.numel(), dtype))
+    Ok((t.layout.numel(), nccl::data_type(t.dtype)))
 }
 
 impl NcclCollective {

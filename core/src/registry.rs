@@ -84,17 +84,7 @@ pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
         }
         None => (spec, 0),
     };
-    let all = entries();
-    let entry = all
-        .iter()
-        .find(|e| e.name == backend)
-        .ok_or_else(|| Error::Device {
-            name: spec.into(),
-            detail: format!(
-                "no such backend; compiled in: {} (enable others with cargo features)",
-                all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
-            ),
-        })?;
+    let entry = entry(spec, backend)?;
     let present = (entry.probe)();
     if ordinal >= present.len() {
         return Err(Error::Device {
@@ -105,28 +95,43 @@ pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
     (entry.open)(ordinal)
 }
 
-/// Checks before workers start that the devices named by `specs` can join collectives: an
-/// error names the missing library or the backend without collectives, in one line.
-pub fn check_collectives(specs: &[&str]) -> Result<()> {
+/// The registered backend `backend` of device name `spec`, or an error that lists those
+/// compiled in.
+fn entry(spec: &str, backend: &str) -> Result<&'static BackendEntry> {
     let all = entries();
-    for spec in specs {
-        let backend = spec.split_once(':').map_or(*spec, |(b, _)| b);
-        let entry = all
-            .iter()
-            .find(|e| e.name == backend)
-            .ok_or_else(|| Error::Device {
-                name: (*spec).into(),
-                detail: format!(
-                    "no such backend; compiled in: {}",
-                    all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
-                ),
-            })?;
-        if let Some(why) = (entry.why_no_collectives)() {
-            return Err(Error::unsupported(
-                backend,
-                format!("data-parallel training on {spec}: {why}"),
-            ));
-        }
+    all.iter()
+        .find(|e| e.name == backend)
+        .copied()
+        .ok_or_else(|| Error::Device {
+            name: spec.into(),
+            detail: format!(
+                "no such backend; compiled in: {} (enable others with cargo features)",
+                all.iter().map(|e| e.name).collect::<Vec<_>>().join(", ")
+            ),
+        })
+}
+
+/// Checks before workers start that the devices named by `specs` can join collectives
+/// together: one backend (whose collectives speak one protocol) that has them. The error
+/// names the missing library, the backend without collectives or the backends that
+/// differ, in one line.
+pub fn check_collectives(specs: &[&str]) -> Result<()> {
+    let backend_of = |spec: &str| spec.split_once(':').map_or(spec, |(b, _)| b).to_string();
+    let Some(first) = specs.first() else {
+        return Err(Error::invalid("data-parallel training", "names no device"));
+    };
+    let backend = backend_of(first);
+    if let Some(other) = specs.iter().find(|s| backend_of(s) != backend) {
+        return Err(Error::invalid(
+            "data-parallel training",
+            format!("every worker needs the same backend: {first} and {other} differ"),
+        ));
+    }
+    if let Some(why) = (entry(first, &backend)?.why_no_collectives)() {
+        return Err(Error::unsupported(
+            &backend,
+            format!("data-parallel training on {}: {why}", specs.join(",")),
+        ));
     }
     Ok(())
 }

@@ -124,14 +124,14 @@ impl Nccl {
 }
 
 /// `ncclDataType_t` of a dtype (the same numbers in RCCL).
-pub(crate) fn data_type(dtype: DType) -> Option<c_int> {
+pub(crate) fn data_type(dtype: DType) -> c_int {
     match dtype {
-        DType::I32 => Some(2),
-        DType::U32 => Some(3),
-        DType::F16 => Some(6),
-        DType::F32 => Some(7),
-        DType::F64 => Some(8),
-        DType::BF16 => Some(9),
-        DType::Bool => Some(1),
+        DType::Bool => 1,
+        DType::I32 => 2,
+        DType::U32 => 3,
+        DType::F16 => 6,
+        DType::F32 => 7,
+        DType::F64 => 8,
+        DType::BF16 => 9,
     }
 }

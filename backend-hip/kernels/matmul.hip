@@ -40,10 +40,11 @@ KERNEL void repack(const Params p) {
     }
 }
 #elif defined(ROWS)
-// A block per output column n (looping past the grid): its threads stride over b's row n
-// (the column of b^T) in chunks of VEC elements, each chunk met by every row of a; sums go
-// warp by warp, then warps in order, so the result does not depend on timing. Reads b once
-// at full width, which is what bounds a few-row product.
+// A warp per output column n, blocks of several warps (looping past the grid): its lanes
+// stride over b's row n (the column of b^T) in chunks of VEC elements, each chunk met by
+// every row of a, and the sums are warp shuffles in a fixed order, so the result does not
+// depend on timing. Reads b once at full width, which is what bounds a few-row product; with
+// no shared memory or barrier, each column costs one warp's loads and one reduction.
 #if VEC > 1
 union Chunk { u128 bits; T e[VEC]; };
 DEV void load_chunk(const T* p, float* f) {
@@ -57,18 +58,20 @@ DEV void load_chunk(const T* p, float* f) { f[0] = to_f32(p[0]); }
 #endif
 
 KERNEL void few_rows(const Params p) {
-    // The block's first column of b, pulled into L2 while the kernel ahead finishes.
-    start_after_previous_prefetching((const T*)p.b + block_index() * p.ldb,
-                                     block_index() < p.cols ? p.k * sizeof(T) : 0);
-    __shared__ float partial[ROWS][1024 / WARP_SIZE];
     const u32 warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const u32 warps = blockDim.x / WARP_SIZE;
+    const u64 warps = blockDim.x / WARP_SIZE;
+    const u64 first = block_index() * warps;
+    // The block's first columns of b, pulled into L2 while the kernel ahead finishes.
+    const u64 own = first < p.cols ? (p.cols - first < warps ? p.cols - first : warps) : 0;
+    start_after_previous_prefetching((const T*)p.b + first * p.ldb,
+                                     own ? ((own - 1) * p.ldb + p.k) * sizeof(T) : 0);
     const u64 chunks = p.k / VEC;
     const T* a = (const T*)p.a;
-    for (u64 n = block_index(); n < p.cols; n += block_count()) {
+    // Lane r < ROWS finishes row r.
+    const u32 r_out = lane < ROWS ? lane : 0;
+    for (u64 n = first + warp; n < p.cols; n += block_count() * warps) {
         const T* b = (const T*)p.b + n * p.ldb;
         // The epilogue's operands are loaded first, their latency hidden behind the sums.
-        const u32 r_out = threadIdx.x < ROWS ? threadIdx.x : 0;
 #if HAS_BIAS
         const float add = ld((const T*)p.bias, n);
 #endif
@@ -79,7 +82,7 @@ KERNEL void few_rows(const Params p) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
 #pragma unroll 4
-        for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) {
+        for (u64 c = lane; c < chunks; c += WARP_SIZE) {
             float w[VEC];
             load_chunk(b + c * VEC, w);
 #pragma unroll
@@ -90,15 +93,13 @@ KERNEL void few_rows(const Params p) {
                 for (int i = 0; i < VEC; ++i) acc[r] = fmaf(x[i], w[i], acc[r]);
             }
         }
+        float v = 0.0f;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const float s = warp_sum(acc[r]);
-            if (lane == 0) partial[r][warp] = s;
+            if (lane == (u32)r) v = s;
         }
-        __syncthreads();
-        if (threadIdx.x < ROWS) {
-            float v = 0.0f;
-            for (u32 w = 0; w < warps; ++w) v += partial[r_out][w];
+        if (lane < ROWS) {
 #if HAS_BIAS
             v += add;
 #endif
@@ -108,7 +109,6 @@ KERNEL void few_rows(const Params p) {
 #endif
             st((T*)p.out, r_out * p.cols + n, v);
         }
-        __syncthreads();
     }
 }
 #else

@@ -133,6 +133,13 @@ pub(crate) fn samples(op: &Op, dtypes: &[DType]) -> Vec<Source> {
 /// per thread and chunk of b.
 const FEW_ROWS: usize = 8;
 
+/// `few_rows` takes a column per warp, in blocks of this many threads: four warps of 32
+/// (NVIDIA, RDNA) or two of 64 (CDNA).
+const FEW_ROWS_THREADS: u32 = 128;
+/// The columns a block takes in one pass where warps have 32 lanes; with 64 the kernel loops
+/// over the rest.
+const FEW_ROWS_WARPS: usize = 4;
+
 fn few_rows_source(
     dtype: DType,
     rows: usize,
@@ -198,13 +205,15 @@ fn few_rows(gpu: &Gpu, op: &Op, inputs: &[TensorRef<'_>], out: &TensorRef<'_>) -
         ldb: ldb as u64,
         cols: n as u64,
     };
-    // Threads: a multiple of 64 (every warp size); 64 for rows of up to two chunks each,
-    // so that small blocks fill the GPU in one wave (GPT-2's 3,072-column product of 768-long
-    // rows), 128 for longer rows.
-    let threads = if k / vec <= 128 { 64 } else { 128 };
     let key = format!("matmul_few_rows:{dtype}:{m}:{vec}:{bias}:{activation:?}:{residual}");
     let source = || Ok(few_rows_source(dtype, m, vec, bias, activation, residual));
-    gpu.run(&key, source, rows_grid(n, threads, 0), &params)?;
+    let blocks = n.div_ceil(FEW_ROWS_WARPS);
+    gpu.run(
+        &key,
+        source,
+        rows_grid(blocks, FEW_ROWS_THREADS, 0),
+        &params,
+    )?;
     Ok(true)
 }
 

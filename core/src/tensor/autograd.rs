@@ -15,20 +15,68 @@
 use std::cell::Cell;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::Tensor;
-use crate::{BinaryOp, CompareOp, Error, Op, ReduceOp, Result};
+use crate::{BinaryOp, CompareOp, DType, Error, Op, ReduceOp, Result};
 
-type BackwardFn = dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync;
+type BackwardFn = dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send;
 
 pub(crate) struct Node {
-    inputs: Vec<Tensor>,
-    backward: Box<BackwardFn>,
+    inputs: Vec<Input>,
+    /// Taken when the backward pass runs it, which frees the tensors it saved (PyTorch's
+    /// rule without `retain_graph`): the pass's memory shrinks as it goes.
+    backward: Mutex<Option<Box<BackwardFn>>>,
     name: String,
     /// Where a narrow view lies in its source; its backward then returns the slice's gradient
     /// as is, and the accumulation places it.
     narrow: Option<Narrowed>,
+}
+
+/// What the backward walk needs of one of a node's inputs. Not its storage: an
+/// intermediate tensor is freed as soon as nothing reads it any more, and a backward that
+/// reads one saves it itself ([`record`]).
+enum Input {
+    /// Takes no gradient.
+    Constant,
+    /// Computed by another node.
+    Computed {
+        node: Arc<Node>,
+        shape: Vec<usize>,
+        dtype: DType,
+    },
+    /// A leaf that takes gradients (a parameter), where they accumulate.
+    Leaf(Tensor),
+}
+
+impl Input {
+    fn of(t: &Tensor) -> Input {
+        if !t.0.requires_grad {
+            return Input::Constant;
+        }
+        match &t.0.node {
+            Some(node) => Input::Computed {
+                node: node.clone(),
+                shape: t.shape().to_vec(),
+                dtype: t.dtype(),
+            },
+            None => Input::Leaf(t.clone()),
+        }
+    }
+
+    fn leaf(&self) -> Option<&Tensor> {
+        match self {
+            Input::Leaf(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn node(&self) -> Option<&Arc<Node>> {
+        match self {
+            Input::Computed { node, .. } => Some(node),
+            _ => None,
+        }
+    }
 }
 
 /// A narrow view's place in its source.
@@ -70,8 +118,8 @@ pub fn is_grad_enabled() -> bool {
 
 fn attach(out: Tensor, inputs: &[&Tensor], name: String, backward: Box<BackwardFn>) -> Tensor {
     let node = Node {
-        inputs: inputs.iter().map(|t| (*t).clone()).collect(),
-        backward,
+        inputs: inputs.iter().map(|t| Input::of(t)).collect(),
+        backward: Mutex::new(Some(backward)),
         name,
         narrow: None,
     };
@@ -92,15 +140,99 @@ pub(super) fn record(
     if !op.differentiable() || !wants_grad(inputs) || outputs.is_empty() {
         return Ok(outputs);
     }
-    let saved_inputs: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
-    // Outputs are saved without their history, so the graph holds no cycle.
-    let saved_outputs: Vec<Tensor> = outputs.iter().map(Tensor::detach).collect();
+    // What the backward does not read is saved as its shape alone, so its storage is freed
+    // once nothing else uses it. Outputs are saved without their history, so the graph
+    // holds no cycle.
+    let saved_inputs: Vec<Tensor> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if backward_reads(op, Saved::Input(i)) {
+                (*t).clone()
+            } else {
+                t.unsaved()
+            }
+        })
+        .collect();
+    let saved_outputs: Vec<Tensor> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if backward_reads(op, Saved::Output(i)) {
+                t.detach()
+            } else {
+                t.unsaved()
+            }
+        })
+        .collect();
     let (op_c, scalars) = (op.clone(), scalars.to_vec());
     let backward =
         Box::new(move |g: &Tensor| vjp(&op_c, &saved_inputs, &saved_outputs, &scalars, g));
     let first = outputs.remove(0);
     outputs.insert(0, attach(first, inputs, op.name(), backward));
     Ok(outputs)
+}
+
+/// An input or output of an op, by position.
+#[derive(Clone, Copy)]
+enum Saved {
+    Input(usize),
+    Output(usize),
+}
+
+/// Whether [`vjp`] of `op` reads the data of `which` (not only its shape and dtype), which
+/// must then live until the backward pass; PyTorch's autograd saves tensors by the same
+/// rule. An op not listed keeps everything.
+fn backward_reads(op: &Op, which: Saved) -> bool {
+    use Saved::{Input as In, Output as Out};
+    match (op, which) {
+        (Op::Cast { .. } | Op::Copy | Op::Concat { .. }, _) => false,
+        (Op::Unary(_), In(i)) => i == 0,
+        (Op::Binary(b), which) => match (b, which) {
+            (BinaryOp::Add | BinaryOp::Sub, _) => false,
+            (BinaryOp::Mul | BinaryOp::Maximum | BinaryOp::Minimum, In(_)) => true,
+            (BinaryOp::Div, In(i)) => i == 1,
+            (BinaryOp::Pow, In(_)) => true,
+            (BinaryOp::Div | BinaryOp::Pow, Out(i)) => i == 0,
+            (_, Out(_)) => false,
+        },
+        (Op::Where, In(i)) => i == 0,
+        (Op::SwiGlu, In(_)) => true,
+        (Op::Reduce { op, .. }, which) => {
+            matches!(op, ReduceOp::Max | ReduceOp::Min) && matches!(which, In(0) | Out(0))
+        }
+        (Op::Softmax | Op::LogSoftmax, Out(i)) => i == 0,
+        (Op::Softmax | Op::LogSoftmax, In(_)) => false,
+        (
+            Op::Matmul {
+                bias, activation, ..
+            },
+            In(i),
+        ) => i < 2 || (i == 2 && *bias && activation.is_some()),
+        (Op::Embedding | Op::Gather { .. }, In(i)) => i == 1,
+        (Op::LayerNorm, In(i)) => i < 2,
+        (Op::LayerNorm, Out(i)) => i == 1 || i == 2,
+        (Op::RmsNorm, In(i)) => i < 2,
+        (Op::RmsNorm, Out(i)) => i == 1,
+        (Op::Rotary, In(i)) => i == 1 || i == 2,
+        (Op::Attention { .. }, In(i)) => i < 3,
+        (Op::Attention { .. }, Out(i)) => i < 2,
+        (Op::CrossEntropy, In(i)) => i < 2,
+        (Op::CrossEntropy, Out(i)) => i == 1,
+        (Op::Conv2d { .. }, In(i)) => i < 2,
+        (
+            Op::Unary(_)
+            | Op::Where
+            | Op::SwiGlu
+            | Op::Matmul { .. }
+            | Op::Embedding
+            | Op::Gather { .. }
+            | Op::Rotary
+            | Op::Conv2d { .. },
+            Out(_),
+        ) => false,
+        _ => true,
+    }
 }
 
 /// Views that carry gradients back to their source.
@@ -120,8 +252,8 @@ pub(super) fn record_view(out: Tensor, src: &Tensor, kind: ViewKind) -> Result<T
     if let ViewKind::Narrow { axis, start } = kind {
         // The slice's gradient goes back as is; `backward_with` places it.
         let node = Node {
-            inputs: vec![src.clone()],
-            backward: Box::new(|g: &Tensor| Ok(vec![Some(g.clone())])),
+            inputs: vec![Input::of(src)],
+            backward: Mutex::new(Some(Box::new(|g: &Tensor| Ok(vec![Some(g.clone())])))),
             name: "view".into(),
             narrow: Some(Narrowed {
                 src_shape,
@@ -272,29 +404,46 @@ impl Tensor {
                 continue;
             };
             sliced.remove(&node_id(node));
-            let input_grads = (node.backward)(&g)?;
+            let backward = node
+                .backward
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "backward",
+                        format!(
+                            "the graph through {} was already backpropagated, which freed \
+                             what it saved; run the forward pass again",
+                            node.name
+                        ),
+                    )
+                })?;
+            let input_grads = backward(&g)?;
             for (input, gi) in node.inputs.iter().zip(input_grads) {
                 let Some(gi) = gi else { continue };
-                if !input.0.requires_grad {
-                    continue;
-                }
+                let (shape, dtype) = match input {
+                    Input::Constant => continue,
+                    Input::Computed { shape, dtype, .. } => (shape.as_slice(), *dtype),
+                    Input::Leaf(t) => (t.shape(), t.dtype()),
+                };
                 let expected = match &node.narrow {
                     Some(_) => g.shape(),
-                    None => input.shape(),
+                    None => shape,
                 };
-                if gi.shape() != expected || gi.dtype() != input.dtype() {
+                if gi.shape() != expected || gi.dtype() != dtype {
                     return Err(Error::shape(
                         &node.name,
                         format!(
                             "backward produced {:?} {} for an input of {:?} {}",
                             gi.shape(),
                             gi.dtype(),
-                            input.shape(),
-                            input.dtype()
+                            shape,
+                            dtype
                         ),
                     ));
                 }
-                match &input.0.node {
+                match input.node() {
                     Some(n) => {
                         let id = node_id(n);
                         let prev = grads.remove(&id);
@@ -315,7 +464,9 @@ impl Tensor {
                             Some(at) => gi.pad_into(&at.src_shape, at.axis, at.start)?,
                             None => gi,
                         };
-                        accumulate_leaf(input, gi)?
+                        if let Some(leaf) = input.leaf() {
+                            accumulate_leaf(leaf, gi)?
+                        }
                     }
                 }
             }
@@ -347,7 +498,7 @@ impl PendingLeaves {
 
     fn count_uses(&mut self, order: &[Arc<Node>]) {
         for node in order {
-            for input in &node.inputs {
+            for input in node.inputs.iter().filter_map(Input::leaf) {
                 if let Some((_, uses)) = self.leaves.get_mut(&leaf_id(input)) {
                     *uses += 1;
                 }
@@ -357,7 +508,7 @@ impl PendingLeaves {
 
     /// `node` is done: the leaves among its inputs have one use fewer to wait for.
     fn used_by(&mut self, node: &Node, ready: &mut dyn FnMut(usize) -> Result<()>) -> Result<()> {
-        for input in &node.inputs {
+        for input in node.inputs.iter().filter_map(Input::leaf) {
             if let Some((index, uses)) = self.leaves.get_mut(&leaf_id(input)) {
                 *uses = uses.saturating_sub(1);
                 if *uses == 0 && !self.reported[*index] {
@@ -462,11 +613,9 @@ fn topological_order(root: &Arc<Node>) -> Vec<Arc<Node>> {
             continue;
         }
         stack.push((node.clone(), true));
-        for input in &node.inputs {
-            if let Some(n) = &input.0.node {
-                if !visited.contains(&node_id(n)) {
-                    stack.push((n.clone(), false));
-                }
+        for n in node.inputs.iter().filter_map(Input::node) {
+            if !visited.contains(&node_id(n)) {
+                stack.push((n.clone(), false));
             }
         }
     }
@@ -733,6 +882,55 @@ impl Tensor {
 mod tests {
     use super::*;
     use crate::{open_device, DType};
+
+    /// An intermediate tensor whose data no backward reads is freed once the caller drops
+    /// it, while one a backward reads lives on in the graph; the gradients are the same.
+    #[test]
+    fn the_graph_keeps_only_what_backward_passes_read() {
+        let Ok(device) = open_device("cpu") else {
+            return;
+        };
+        let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
+            .unwrap()
+            .requires_grad();
+        let unread = a.exp().unwrap();
+        let doubled = unread.add(&unread).unwrap();
+        let read = a.exp().unwrap();
+        let sine = read.sin().unwrap();
+        let (unread_storage, read_storage) = (
+            Arc::downgrade(unread.buffer()),
+            Arc::downgrade(read.buffer()),
+        );
+        drop((unread, read));
+        assert!(
+            unread_storage.upgrade().is_none(),
+            "an add's input was kept"
+        );
+        assert!(read_storage.upgrade().is_some(), "sin's input was dropped");
+        let loss = doubled.add(&sine).unwrap().sum(&[0], false).unwrap();
+        loss.backward().unwrap();
+        let grad = a.grad().unwrap().to_vec::<f32>().unwrap();
+        for (g, x) in grad.iter().zip([0.5f32, -1.0]) {
+            let expected = 2.0 * x.exp() + x.exp().cos() * x.exp();
+            assert!((g - expected).abs() < 1e-5, "{g} vs {expected}");
+        }
+    }
+
+    /// A backward pass frees what the graph saved, so a second one through the same graph
+    /// is refused with an error that says so (PyTorch's rule without `retain_graph`).
+    #[test]
+    fn a_second_backward_pass_through_one_graph_is_refused() {
+        let Ok(device) = open_device("cpu") else {
+            return;
+        };
+        let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
+            .unwrap()
+            .requires_grad();
+        let loss = a.exp().unwrap().sum(&[0], false).unwrap();
+        loss.backward().unwrap();
+        let err = loss.backward().unwrap_err().to_string();
+        assert!(err.contains("already backpropagated"), "{err}");
+    }
 
     /// A parameter added to a same-shaped tensor gets the very gradient the other input
     /// gets: it is not the leaf's alone until that input's own backward has run.

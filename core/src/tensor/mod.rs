@@ -416,6 +416,7 @@ impl Tensor {
         out_shape: Option<&[usize]>,
     ) -> Result<Vec<Tensor>> {
         let name = op.name();
+        check_saved(&name, inputs)?;
         for t in inputs {
             if !same_device(t.device(), device) {
                 return Err(Error::DeviceMismatch {
@@ -481,6 +482,7 @@ impl Tensor {
             .first()
             .ok_or_else(|| Error::invalid(&name, "needs inputs"))?
             .device();
+        check_saved(&name, inputs)?;
         for t in inputs.iter().chain(outputs) {
             if !same_device(t.device(), device) {
                 return Err(Error::DeviceMismatch {
@@ -541,6 +543,7 @@ impl Tensor {
 
     /// Runs a one-input op writing into `dst`, a view of an existing buffer. Never recorded.
     fn apply_in_view(op: &Op, src: &Tensor, dst: &Tensor) -> Result<()> {
+        check_saved(&op.name(), &[src, dst])?;
         if !same_device(src.device(), dst.device()) {
             return Err(Error::DeviceMismatch {
                 op: op.name(),
@@ -744,4 +747,42 @@ impl Tensor {
     pub fn detach(&self) -> Tensor {
         self.view(self.layout().clone())
     }
+
+    /// This tensor's shape, dtype and device without its storage: what a backward keeps of
+    /// a tensor whose data it does not read.
+    pub(crate) fn unsaved(&self) -> Tensor {
+        Tensor::from_parts(
+            Arc::new(Unsaved),
+            self.layout().clone(),
+            self.dtype(),
+            self.device().clone(),
+        )
+    }
+}
+
+/// The storage of an [`Tensor::unsaved`] tensor: none. An op given one fails.
+#[derive(Debug)]
+struct Unsaved;
+
+impl crate::Buffer for Unsaved {
+    fn len(&self) -> usize {
+        0
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// An error for an op given an [`Unsaved`] tensor: a backward that reads data it did not
+/// save, which is a bug in the autograd's list of what each backward reads.
+fn check_saved(name: &str, tensors: &[&Tensor]) -> Result<()> {
+    if tensors.iter().any(|t| t.0.buffer.as_any().is::<Unsaved>()) {
+        return Err(Error::invalid(
+            name,
+            "an input is a tensor the backward pass did not save (autograd's saved-tensor \
+             list misses it)",
+        ));
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use tessera_core::exec::{fnv1a, DiskCache};
-use tessera_core::memory::RecordingPools;
+use tessera_core::memory::{Pool, RecordingPools};
 use tessera_core::{
     Buffer, DeviceInfo, Error, KernelTime, KernelTotals, MemoryStats, Recording, Result, TensorRef,
 };
@@ -324,7 +324,7 @@ impl Gpu {
         self.driver.begin_capture()?;
         *capture = Some(Capture {
             thread: std::thread::current().id(),
-            pool: SharedPool::default(),
+            pool: Arc::new(Mutex::new(Pool::for_recording())),
             kept: HashMap::new(),
         });
         Ok(())

@@ -13,10 +13,11 @@
 //! threads' work goes on into the batch.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use ash::vk;
+use tessera_core::memory::Pool;
 use tessera_core::{Buffer, KernelTotals, Result};
 use tessera_wgsl::Binding;
 
@@ -118,7 +119,7 @@ impl Capture {
             commands,
             hazards: Hazards::default(),
             params: ParamBuffers::default(),
-            pool: SharedPool::default(),
+            pool: Arc::new(Mutex::new(Pool::for_recording())),
             kept: HashMap::new(),
         }
     }

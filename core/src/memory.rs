@@ -29,6 +29,9 @@ pub struct Pool<B> {
     free: HashMap<usize, Vec<B>>,
     cached: usize,
     stats: MemoryStats,
+    /// Whether a request its class cannot serve from the cache takes a ready block of up to
+    /// twice its class before reserving a new one ([`Pool::for_recording`]).
+    larger_blocks: bool,
 }
 
 impl<B> Default for Pool<B> {
@@ -37,11 +40,25 @@ impl<B> Default for Pool<B> {
             free: HashMap::new(),
             cached: 0,
             stats: MemoryStats::default(),
+            larger_blocks: false,
         }
     }
 }
 
 impl<B> Pool<B> {
+    /// The pool of a recording (`Device::begin_recording`), which holds everything it
+    /// reserves for as long as the recording lives, so what counts is its reservation, not
+    /// what is in use: a request its own class cannot serve takes a ready block of up to
+    /// twice its size before reserving one. The blocks a step frees late in its backward
+    /// pass (activations) then serve what it allocates there (the parameters' gradients,
+    /// sized otherwise).
+    pub fn for_recording() -> Self {
+        Pool {
+            larger_blocks: true,
+            ..Pool::default()
+        }
+    }
+
     /// Takes a ready cached block of `bytes`' class, or creates one with `create(class)`.
     /// Returns the block and its class (pass both back to [`Pool::release`]).
     pub fn alloc(
@@ -52,13 +69,21 @@ impl<B> Pool<B> {
     ) -> Result<(B, usize)> {
         let class = size_class(bytes);
         self.stats.allocations += 1;
-        if let Some(list) = self.free.get_mut(&class) {
-            if let Some(pos) = list.iter().position(&ready) {
-                let block = list.swap_remove(pos);
-                self.cached -= class;
-                self.stats.reuses += 1;
-                self.note_in_use(class);
-                return Ok((block, class));
+        if let Some(block) = self.take_cached(class, &ready) {
+            return Ok((block, class));
+        }
+        if self.larger_blocks {
+            let mut larger: Vec<usize> = self
+                .free
+                .keys()
+                .copied()
+                .filter(|&c| c > class && c <= 2 * class)
+                .collect();
+            larger.sort_unstable();
+            for c in larger {
+                if let Some(block) = self.take_cached(c, &ready) {
+                    return Ok((block, c));
+                }
             }
         }
         if let Some(limit) = self.stats.limit {
@@ -78,6 +103,17 @@ impl<B> Pool<B> {
         self.stats.reserved += class;
         self.note_in_use(class);
         Ok((block, class))
+    }
+
+    /// A ready cached block of `class`, now in use.
+    fn take_cached(&mut self, class: usize, ready: &impl Fn(&B) -> bool) -> Option<B> {
+        let list = self.free.get_mut(&class)?;
+        let pos = list.iter().position(ready)?;
+        let block = list.swap_remove(pos);
+        self.cached -= class;
+        self.stats.reuses += 1;
+        self.note_in_use(class);
+        Some(block)
     }
 
     fn note_in_use(&mut self, class: usize) {
@@ -191,5 +227,31 @@ mod tests {
         let (b, _) = pool.alloc(600, |_| true, |c| Ok(vec![0; c])).unwrap();
         assert_eq!(b.len(), ca);
         assert_eq!(pool.stats().reuses, 1);
+    }
+
+    /// A recording's pool serves a request from a cached block of up to twice its class
+    /// (counted at the block's class) before reserving; a device's pool only from its own
+    /// class, and neither from a block more than twice as large.
+    #[test]
+    fn recording_pools_reuse_blocks_up_to_twice_the_size() {
+        let create = |c: usize| Ok(vec![0u8; c]);
+        for (mut pool, reuses) in [(Pool::for_recording(), true), (Pool::default(), false)] {
+            let (big, big_class) = pool.alloc(1 << 20, |_| true, create).unwrap();
+            pool.release(big, big_class);
+            let (small, small_class) = pool.alloc(600 << 10, |_| true, create).unwrap();
+            assert_eq!(small.len() == big_class, reuses);
+            assert_eq!(small_class, small.len());
+            assert_eq!(pool.stats().in_use, small_class);
+            let reserved = if reuses {
+                big_class
+            } else {
+                big_class + small_class
+            };
+            assert_eq!(pool.stats().reserved, reserved);
+            pool.release(small, small_class);
+            let (tiny, tiny_class) = pool.alloc(100 << 10, |_| true, create).unwrap();
+            assert_eq!(tiny.len(), tiny_class);
+            assert!(tiny_class < 200 << 10);
+        }
     }
 }

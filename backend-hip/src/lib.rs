@@ -42,21 +42,23 @@
 //! to eight rows with a linear layer's weight skip cuBLASLt for our `few_rows` kernel; what
 //! remains per token is about 109 short kernels, each mostly latency (`benches/README.md`
 //! has the profile): fewer of them (a norm fused into the product after it) is the next step.
-//! AMD steps run eagerly (HIP graphs are not wired).
+//! On AMD the same recording is HIP stream capture into a HIP graph (unrun).
 //!
 //! Data-parallel training (`collective.rs`): NCCL, or RCCL on AMD (the same C API), loaded
 //! with libloading (`driver/nccl.rs`); a communicator per device from the unique id rank 0
 //! shares over core's rendezvous; gradient buckets summed on the device's side stream, which
 //! waits for the backward kernels queued before each bucket and which later work waits for
-//! (events), inside recorded graphs too. RCCL's path, like the rest of AMD's, is unrun (and
-//! AMD's matmuls, hence its training, say `Unsupported` until hipBLASLt is wired).
+//! (events), inside recorded graphs too. RCCL's path, like the rest of AMD's, is unrun.
 //! On AMD every kernel compiles with hiprtc for `gfx90a` (wave64) and `gfx1030` (wave32) in
-//! the tests, without a GPU; the runtime (`driver/amd.rs`) is written against the HIP
-//! runtime's API but no AMD GPU has run it, and matmuls there say `Unsupported` until
-//! hipBLASLt is wired up.
+//! the tests, without a GPU; the runtime (`driver/amd.rs`: the HIP runtime, HIP graphs,
+//! events, and GEMMs through hipBLASLt in `driver/hipblaslt.rs`) is written against the
+//! headers of the HIP runtime and hipBLASLt (ROCm 6 and 7), but no AMD GPU has run it. An
+//! AMD device opens without hipBLASLt; its matmuls then say `Unsupported`, naming the
+//! library, and `tessera devices` notes it beside the device.
 //!
 //! The cuBLASLt GEMMs add split-K partial sums in f32 only: letting them add in the 16-bit
-//! output type made f16 products with long, cancelling sums miss the CPU's by 10%.
+//! output type made f16 products with long, cancelling sums miss the CPU's by 10%. hipBLASLt
+//! has no such preference; how it adds split-K sums on AMD is untested.
 
 mod collective;
 mod device;
@@ -107,17 +109,29 @@ fn cuda_without_collectives() -> Option<String> {
     (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
 }
 
-/// Why `hip` devices cannot join collectives: the HIP runtime or RCCL not installed.
+/// Why `hip` devices cannot join collectives: the HIP runtime, hipBLASLt (without which
+/// the steps' matmuls cannot run, as cuBLASLt's absence rules out NVIDIA's devices) or RCCL
+/// not installed.
 fn hip_without_collectives() -> Option<String> {
     let mut missing: Vec<&str> = driver::amd::missing().into_iter().collect();
+    if driver::amd::matmul_missing().is_some() {
+        missing.push(driver::hipblaslt::DESCRIPTION);
+    }
     if driver::nccl::library("hip").is_err() {
         missing.push(driver::nccl::describe("hip"));
     }
     (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
 }
 
+/// Why `hip` lists no devices: the HIP runtime not installed (and hipBLASLt, which matmuls
+/// need, where it is absent too). A device present without hipBLASLt is listed, saying so.
 fn hip_absent() -> Option<String> {
-    driver::amd::missing().map(|lib| format!("not installed: {lib}"))
+    let runtime = driver::amd::missing()?;
+    let mut missing = vec![runtime.to_string()];
+    if driver::amd::matmul_missing().is_some() {
+        missing.push(format!("{} (for matmul)", driver::hipblaslt::DESCRIPTION));
+    }
+    Some(format!("not installed: {}", missing.join(", ")))
 }
 
 tessera_core::inventory::submit! {

@@ -1,24 +1,31 @@
-//! AMD: the HIP runtime and hiprtc (in `libamdhip64`), loaded at run time with libloading, so
-//! the crate builds without ROCm.
+//! AMD: the HIP runtime and hiprtc (in `libamdhip64`), and hipBLASLt for GEMMs, loaded at run
+//! time with libloading, so the crate builds without ROCm.
 //!
 //! What is here: finding the library, listing devices, compiling the kernels with hiprtc for
 //! any AMD architecture (the CI compiles every kernel for `gfx90a` and `gfx1030` this way,
 //! without a GPU), and [`AmdDriver`]: memory, copies and launches on one stream through the
-//! HIP runtime's C API, the same calls as the CUDA driver's. Not here yet: GEMMs (hipBLASLt),
-//! so matmuls say `Unsupported` on AMD. **No AMD GPU has run this code.**
+//! HIP runtime's C API, the same calls as the CUDA driver's; GEMMs through hipBLASLt
+//! (`hipblaslt.rs`), planned per shape as cuBLASLt's are; graph capture and replay (HIP
+//! graphs, captured on a stream of the recording thread's own); timing events. A device
+//! opens without hipBLASLt (ROCm ships it apart, and not for every architecture): its
+//! matmuls then say `Unsupported`, naming what is missing, and `tessera devices` says so
+//! beside the device. **No AMD GPU has run this code**: it is written against the headers of
+//! ROCm 6 and 7 (hipBLASLt) and of the HIP runtime, compiled and unit-tested without a GPU.
 //!
 //! The device's properties come from `hipGetDeviceProperties` read at the offsets of ROCm 5's
 //! `hipDeviceProp_t` (which ROCm 6 still exports under that name beside its
 //! `hipGetDevicePropertiesR0600`); the name read there must match `hipDeviceGetName`, or the
 //! device is refused rather than misread.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr, CString};
 use std::sync::{Mutex, OnceLock, PoisonError};
+use std::thread::ThreadId;
 
 use libloading::Library;
 use tessera_core::{Error, PendingBytes, ReadyBytes, Result};
 
-use super::{driver_error, param_words, DevicePtr, Driver, Event, Function, Gemm, Grid};
+use super::hipblaslt::{self, Blas};
+use super::{driver_error, param_words, DevicePtr, Driver, Event, Function, Gemm, Graph, Grid};
 
 const BACKEND: &str = "hip";
 
@@ -45,7 +52,15 @@ pub(crate) fn missing() -> Option<&'static str> {
         .then_some("libamdhip64 (the HIP runtime)")
 }
 
-/// The AMD devices present, by name; none without the runtime or a GPU.
+/// Why matmuls cannot run on AMD GPUs here, if they cannot: hipBLASLt absent or lacking a
+/// function. (A library too old, or one that refuses the device, shows at the first matmul.)
+pub(crate) fn matmul_missing() -> Option<String> {
+    let _turn = LIBRARY_TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+    hipblaslt::library().err()
+}
+
+/// The AMD devices present, by name, each saying so where matmuls cannot run (hipBLASLt
+/// absent); none without the runtime or a GPU.
 pub(crate) fn probe() -> Vec<String> {
     let Some(lib) = library() else {
         return Vec::new();
@@ -63,15 +78,22 @@ pub(crate) fn probe() -> Vec<String> {
         }
         n
     };
-    (0..count).map(|i| format!("AMD GPU {i}")).collect()
+    if count <= 0 {
+        return Vec::new();
+    }
+    let note = match hipblaslt::library() {
+        Ok(_) => String::new(),
+        Err(why) => format!(" (no matmul: {why})"),
+    };
+    (0..count).map(|i| format!("AMD GPU {i}{note}")).collect()
 }
 
 /// Turns at the library. ROCm 5.2's runtime and hiprtc set up LLVM on first use and hiprtc
 /// keeps process-wide compiler state: two threads inside it at once corrupt the heap or abort
 /// the process ("Option 'h' registered more than once", seen in this crate's tests). So
-/// probing, opening a device and every compile take turns; compiles are once per kernel and
-/// kept on disk, so little waits. The one piece of process-wide state in the crate: it
-/// guards the library's, not ours.
+/// probing, opening a device (with loading hipBLASLt, which links the runtime) and every
+/// compile take turns; compiles are once per kernel and kept on disk, so little waits. The
+/// one piece of process-wide state in the crate: it guards the library's, not ours.
 static LIBRARY_TURNS: Mutex<()> = Mutex::new(());
 
 /// Compiles HIP C++ `source` for AMD architecture `arch` (`gfx90a`) with hiprtc, with the
@@ -198,40 +220,90 @@ struct Api {
     event_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int,
     event_record: unsafe extern "C" fn(*mut c_void, HipStream) -> c_int,
     event_destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
+    event_synchronize: unsafe extern "C" fn(*mut c_void) -> c_int,
+    /// `hipEventElapsedTime(float* ms, start, stop)`.
+    event_elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> c_int,
     stream_wait_event: unsafe extern "C" fn(HipStream, *mut c_void, c_uint) -> c_int,
+    /// `hipMalloc`, for hipBLASLt's workspace (allocated once, outside any stream's order).
+    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
+    free: unsafe extern "C" fn(*mut c_void) -> c_int,
 }
 
-/// `hipEventDisableTiming`: an event that only orders work.
+/// `hipEventDefault` (hip_runtime_api.h): an event that also records a time.
+const HIP_EVENT_DEFAULT: c_uint = 0;
+/// `hipEventDisableTiming` (hip_runtime_api.h): an event that only orders work.
 const HIP_EVENT_DISABLE_TIMING: c_uint = 2;
+/// `hipStreamNonBlocking` (hip_runtime_api.h): a stream that does not wait for the null
+/// stream.
+const HIP_STREAM_NON_BLOCKING: c_uint = 1;
+/// `hipStreamCaptureModeRelaxed` of `hipStreamCaptureMode` (hip_runtime_api.h: Global 0,
+/// ThreadLocal 1, Relaxed 2), as on NVIDIA: the capturing thread still allocates and loads
+/// meanwhile.
+const HIP_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// A HIP runtime function of type `T` by its NUL-terminated name.
+fn symbol<T: Copy>(lib: &Library, name: &str) -> std::result::Result<T, String> {
+    // SAFETY: every caller names a HIP runtime C function whose type is `T`
+    // (hip_runtime_api.h, stable since ROCm 5).
+    unsafe { lib.get::<T>(name.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|e| format!("{}: {e}", name.trim_end_matches('\0')))
+}
+
+/// The HIP runtime's graph functions (hip_runtime_api.h), where the runtime has them.
+struct GraphApi {
+    /// `hipStreamBeginCapture(stream, hipStreamCaptureMode)`.
+    begin_capture: unsafe extern "C" fn(HipStream, c_int) -> c_int,
+    /// `hipStreamEndCapture(stream, hipGraph_t*)`.
+    end_capture: unsafe extern "C" fn(HipStream, *mut *mut c_void) -> c_int,
+    /// `hipGraphInstantiateWithFlags(hipGraphExec_t*, hipGraph_t, unsigned long long)`.
+    instantiate: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_ulonglong) -> c_int,
+    /// `hipGraphUpload(exec, stream)`: from ROCm 5.5; without it the first launch uploads.
+    upload: Option<unsafe extern "C" fn(*mut c_void, HipStream) -> c_int>,
+    launch: unsafe extern "C" fn(*mut c_void, HipStream) -> c_int,
+    exec_destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
+    destroy: unsafe extern "C" fn(*mut c_void) -> c_int,
+}
+
+impl GraphApi {
+    fn load(lib: &Library) -> std::result::Result<GraphApi, String> {
+        Ok(GraphApi {
+            begin_capture: symbol(lib, "hipStreamBeginCapture\0")?,
+            end_capture: symbol(lib, "hipStreamEndCapture\0")?,
+            instantiate: symbol(lib, "hipGraphInstantiateWithFlags\0")?,
+            upload: symbol(lib, "hipGraphUpload\0").ok(),
+            launch: symbol(lib, "hipGraphLaunch\0")?,
+            exec_destroy: symbol(lib, "hipGraphExecDestroy\0")?,
+            destroy: symbol(lib, "hipGraphDestroy\0")?,
+        })
+    }
+}
 
 impl Api {
     fn load(lib: &Library) -> std::result::Result<Api, String> {
-        fn sym<T: Copy>(lib: &Library, name: &str) -> std::result::Result<T, String> {
-            // SAFETY: every call below names a HIP runtime C function whose type is `T`
-            // (hip_runtime_api.h, stable since ROCm 5).
-            unsafe { lib.get::<T>(name.as_bytes()) }
-                .map(|s| *s)
-                .map_err(|e| format!("{name}: {e}"))
-        }
         Ok(Api {
-            set_device: sym(lib, "hipSetDevice\0")?,
-            stream_create: sym(lib, "hipStreamCreateWithFlags\0")?,
-            stream_destroy: sym(lib, "hipStreamDestroy\0")?,
-            stream_synchronize: sym(lib, "hipStreamSynchronize\0")?,
-            malloc_async: sym(lib, "hipMallocAsync\0")?,
-            free_async: sym(lib, "hipFreeAsync\0")?,
-            htod: sym(lib, "hipMemcpyHtoDAsync\0")?,
-            dtoh: sym(lib, "hipMemcpyDtoHAsync\0")?,
-            memset: sym(lib, "hipMemsetD8Async\0")?,
-            module_load: sym(lib, "hipModuleLoadData\0")?,
-            module_unload: sym(lib, "hipModuleUnload\0")?,
-            get_function: sym(lib, "hipModuleGetFunction\0")?,
-            launch: sym(lib, "hipModuleLaunchKernel\0")?,
-            error_string: sym(lib, "hipGetErrorString\0")?,
-            event_create: sym(lib, "hipEventCreateWithFlags\0")?,
-            event_record: sym(lib, "hipEventRecord\0")?,
-            event_destroy: sym(lib, "hipEventDestroy\0")?,
-            stream_wait_event: sym(lib, "hipStreamWaitEvent\0")?,
+            set_device: symbol(lib, "hipSetDevice\0")?,
+            stream_create: symbol(lib, "hipStreamCreateWithFlags\0")?,
+            stream_destroy: symbol(lib, "hipStreamDestroy\0")?,
+            stream_synchronize: symbol(lib, "hipStreamSynchronize\0")?,
+            malloc_async: symbol(lib, "hipMallocAsync\0")?,
+            free_async: symbol(lib, "hipFreeAsync\0")?,
+            htod: symbol(lib, "hipMemcpyHtoDAsync\0")?,
+            dtoh: symbol(lib, "hipMemcpyDtoHAsync\0")?,
+            memset: symbol(lib, "hipMemsetD8Async\0")?,
+            module_load: symbol(lib, "hipModuleLoadData\0")?,
+            module_unload: symbol(lib, "hipModuleUnload\0")?,
+            get_function: symbol(lib, "hipModuleGetFunction\0")?,
+            launch: symbol(lib, "hipModuleLaunchKernel\0")?,
+            error_string: symbol(lib, "hipGetErrorString\0")?,
+            event_create: symbol(lib, "hipEventCreateWithFlags\0")?,
+            event_record: symbol(lib, "hipEventRecord\0")?,
+            event_destroy: symbol(lib, "hipEventDestroy\0")?,
+            event_synchronize: symbol(lib, "hipEventSynchronize\0")?,
+            event_elapsed: symbol(lib, "hipEventElapsedTime\0")?,
+            stream_wait_event: symbol(lib, "hipStreamWaitEvent\0")?,
+            malloc: symbol(lib, "hipMalloc\0")?,
+            free: symbol(lib, "hipFree\0")?,
         })
     }
 }
@@ -239,22 +311,36 @@ impl Api {
 /// hipErrorOutOfMemory.
 const HIP_ERROR_OUT_OF_MEMORY: c_int = 2;
 
-/// One AMD GPU. **Unrun**: written against the HIP runtime's documented API, compiled and
-/// unit-tested without a GPU, never run on one.
+/// hipBLASLt on one device, with its workspace: what GEMMs need.
+struct Matmul {
+    blas: Blas,
+    workspace: DevicePtr,
+}
+
+/// One AMD GPU. **Unrun**: written against the HIP runtime's and hipBLASLt's headers,
+/// compiled and unit-tested without a GPU, never run on one.
 pub(crate) struct AmdDriver {
     api: Api,
+    /// The graph functions, or the one this runtime lacks (recording is then refused).
+    graphs: std::result::Result<GraphApi, String>,
     ordinal: c_int,
     stream: HipStream,
     name: String,
     arch: String,
     total_memory: usize,
     modules: Mutex<Vec<usize>>,
+    /// hipBLASLt, made when the device opens (never inside a capture, which its handle's
+    /// creation breaks), or why matmuls cannot run.
+    matmul: std::result::Result<Matmul, String>,
+    /// The thread capturing a graph, and its capture stream.
+    capture: Mutex<Option<(ThreadId, usize)>>,
     /// The side stream ([`Driver::side_stream`]), once made.
     side: OnceLock<usize>,
 }
 
-// SAFETY: the stream and modules are HIP runtime handles, usable from any thread once the
-// device is current (each method sets it first); the module list is behind a lock.
+// SAFETY: the streams, modules and hipBLASLt's handle and descriptors are HIP runtime and
+// hipBLASLt handles, usable from any thread once the device is current (each method sets it
+// first); what changes is behind locks.
 unsafe impl Send for AmdDriver {}
 // SAFETY: as above.
 unsafe impl Sync for AmdDriver {}
@@ -328,22 +414,60 @@ impl AmdDriver {
         }
         let mut driver = AmdDriver {
             api,
+            graphs: GraphApi::load(lib),
             ordinal: device,
             stream: std::ptr::null_mut(),
             name,
             arch,
             total_memory,
             modules: Mutex::new(Vec::new()),
+            matmul: Err(String::new()),
+            capture: Mutex::new(None),
             side: OnceLock::new(),
         };
         driver.bind()?;
         let mut stream = std::ptr::null_mut();
-        // SAFETY: creates a non-blocking stream (flag 1) on the current device.
+        // SAFETY: creates a non-blocking stream on the current device.
         driver.check("hipStreamCreateWithFlags", unsafe {
-            (driver.api.stream_create)(&mut stream, 1)
+            (driver.api.stream_create)(&mut stream, HIP_STREAM_NON_BLOCKING)
         })?;
         driver.stream = stream;
+        driver.matmul = driver.open_matmul();
         Ok(driver)
+    }
+
+    /// hipBLASLt's handle and workspace on this device, or why matmuls cannot run. Called
+    /// while the device opens, with the library's turn held and the device current.
+    fn open_matmul(&self) -> std::result::Result<Matmul, String> {
+        let blas = Blas::open()?;
+        let mut workspace = std::ptr::null_mut();
+        // SAFETY: a plain allocation on the current device, freed in `Drop`.
+        let code = unsafe { (self.api.malloc)(&mut workspace, hipblaslt::WORKSPACE_BYTES) };
+        self.check("hipMalloc (hipBLASLt's workspace)", code)
+            .map_err(|e| e.to_string())?;
+        Ok(Matmul {
+            blas,
+            workspace: workspace as DevicePtr,
+        })
+    }
+
+    /// The stream the calling thread queues on: its capture stream while it captures a graph,
+    /// else the device's stream.
+    fn stream(&self) -> HipStream {
+        match *self.capture.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((thread, stream)) if thread == std::thread::current().id() => stream as HipStream,
+            _ => self.stream,
+        }
+    }
+
+    /// The graph functions, or `Unsupported` naming the one this runtime lacks.
+    fn graphs(&self) -> Result<&GraphApi> {
+        self.graphs.as_ref().map_err(|missing| {
+            Error::unsupported(
+                BACKEND,
+                format!("graph capture with this HIP runtime (it lacks {missing})"),
+            )
+        })
     }
 
     /// Makes `waiting` wait for the work queued so far on `queued`, through an event.
@@ -385,10 +509,14 @@ impl Drop for AmdDriver {
         if self.bind().is_err() {
             return;
         }
-        // SAFETY: the stream and modules are this driver's, unused after this; the stream is
-        // drained first.
+        // SAFETY: the stream, modules, hipBLASLt's handle and workspace are this driver's,
+        // unused after this; the stream is drained first.
         unsafe {
             (self.api.stream_synchronize)(self.stream);
+            if let Ok(matmul) = std::mem::replace(&mut self.matmul, Err(String::new())) {
+                drop(matmul.blas);
+                (self.api.free)(matmul.workspace as *mut c_void);
+            }
             for module in self
                 .modules
                 .get_mut()
@@ -499,7 +627,7 @@ impl Driver for AmdDriver {
                 1,
                 1,
                 grid.shared_bytes,
-                self.stream,
+                self.stream(),
                 args.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
@@ -536,7 +664,7 @@ impl Driver for AmdDriver {
                 dst as *mut c_void,
                 data.as_ptr() as *const c_void,
                 data.len(),
-                self.stream,
+                self.stream(),
             )
         };
         self.check("hipMemcpyHtoDAsync", code)
@@ -556,12 +684,12 @@ impl Driver for AmdDriver {
                     out.as_mut_ptr() as *mut c_void,
                     src as *mut c_void,
                     out.len(),
-                    self.stream,
+                    self.stream(),
                 ),
             )?;
             self.check(
                 "hipStreamSynchronize",
-                (self.api.stream_synchronize)(self.stream),
+                (self.api.stream_synchronize)(self.stream()),
             )
         }
     }
@@ -572,15 +700,21 @@ impl Driver for AmdDriver {
         }
         self.bind()?;
         // SAFETY: the caller checked the range.
-        let code = unsafe { (self.api.memset)(dst as *mut c_void, 0, bytes, self.stream) };
+        let code = unsafe { (self.api.memset)(dst as *mut c_void, 0, bytes, self.stream()) };
         self.check("hipMemsetD8Async", code)
     }
 
-    fn gemm(&self, _gemm: &Gemm) -> Result<()> {
-        Err(Error::unsupported(
-            BACKEND,
-            "matmul on AMD GPUs (hipBLASLt is not wired up yet)",
-        ))
+    fn gemm(&self, g: &Gemm) -> Result<()> {
+        let matmul = self.matmul.as_ref().map_err(|why| {
+            Error::unsupported(BACKEND, format!("matmul on this AMD GPU ({why})"))
+        })?;
+        self.bind()?;
+        matmul.blas.gemm(
+            g,
+            matmul.workspace,
+            hipblaslt::WORKSPACE_BYTES,
+            self.stream(),
+        )
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -604,9 +738,9 @@ impl Driver for AmdDriver {
         }
         self.bind()?;
         let mut stream = std::ptr::null_mut();
-        // SAFETY: creates a non-blocking stream (flag 1) on the current device.
+        // SAFETY: creates a non-blocking stream on the current device.
         self.check("hipStreamCreateWithFlags", unsafe {
-            (self.api.stream_create)(&mut stream, 1)
+            (self.api.stream_create)(&mut stream, HIP_STREAM_NON_BLOCKING)
         })?;
         if self.side.set(stream as usize).is_err() {
             // SAFETY: another thread made the side stream first; this one is unused.
@@ -617,20 +751,153 @@ impl Driver for AmdDriver {
 
     fn side_after_queued(&self) -> Result<()> {
         let side = self.side_stream()? as HipStream;
-        self.order(side, self.stream)
+        self.order(side, self.stream())
     }
 
     fn queued_after_side(&self) -> Result<()> {
         let side = self.side_stream()? as HipStream;
-        self.order(self.stream, side)
+        self.order(self.stream(), side)
     }
 
     fn event(&self) -> Result<Event> {
-        Err(Error::unsupported(BACKEND, "kernel profiling on AMD GPUs"))
+        self.bind()?;
+        let mut event = std::ptr::null_mut();
+        // SAFETY: creates an event on the current device and records it on this driver's
+        // stream; an event that fails to record is destroyed here, unused.
+        unsafe {
+            self.check(
+                "hipEventCreateWithFlags",
+                (self.api.event_create)(&mut event, HIP_EVENT_DEFAULT),
+            )?;
+            let recorded = self.check(
+                "hipEventRecord",
+                (self.api.event_record)(event, self.stream()),
+            );
+            if recorded.is_err() {
+                (self.api.event_destroy)(event);
+            }
+            recorded?;
+        }
+        Ok(Event(event as usize))
     }
 
-    fn seconds_between(&self, _start: Event, _end: Event) -> Result<f64> {
-        Err(Error::unsupported(BACKEND, "kernel profiling on AMD GPUs"))
+    fn seconds_between(&self, start: Event, end: Event) -> Result<f64> {
+        self.bind()?;
+        let (start, end) = (start.0 as *mut c_void, end.0 as *mut c_void);
+        let mut ms = 0.0f32;
+        // SAFETY: both events came from `event` and are released here, once.
+        unsafe {
+            let waited = self.check("hipEventSynchronize", (self.api.event_synchronize)(end));
+            let timed = waited.and_then(|()| {
+                self.check(
+                    "hipEventElapsedTime",
+                    (self.api.event_elapsed)(&mut ms, start, end),
+                )
+            });
+            (self.api.event_destroy)(start);
+            (self.api.event_destroy)(end);
+            timed?;
+        }
+        Ok(f64::from(ms) / 1e3)
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        let graphs = self.graphs()?;
+        self.bind()?;
+        let mut capture = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
+        if capture.is_some() {
+            return Err(Error::invalid(
+                "begin_recording",
+                "the device is already recording (one recording at a time)",
+            ));
+        }
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: creates a non-blocking stream on the current device.
+        self.check("hipStreamCreateWithFlags", unsafe {
+            (self.api.stream_create)(&mut stream, HIP_STREAM_NON_BLOCKING)
+        })?;
+        // SAFETY: `stream` was just created on this device and is not capturing.
+        let began = self.check("hipStreamBeginCapture", unsafe {
+            (graphs.begin_capture)(stream, HIP_STREAM_CAPTURE_MODE_RELAXED)
+        });
+        if let Err(e) = began {
+            // SAFETY: nothing was queued on the new stream.
+            unsafe { (self.api.stream_destroy)(stream) };
+            return Err(e);
+        }
+        *capture = Some((std::thread::current().id(), stream as usize));
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<Graph> {
+        let graphs = self.graphs()?;
+        self.bind()?;
+        let stream = {
+            let mut capture = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
+            match *capture {
+                Some((thread, stream)) if thread == std::thread::current().id() => {
+                    *capture = None;
+                    stream as HipStream
+                }
+                _ => {
+                    return Err(Error::invalid(
+                        "end_recording",
+                        "this thread is not recording on the device",
+                    ))
+                }
+            }
+        };
+        let mut graph = std::ptr::null_mut();
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `stream` is the capture stream `begin_capture` made; the graph is destroyed
+        // once instantiated (the executable graph is independent of it), and the stream once
+        // its capture has ended (nothing was run on it).
+        unsafe {
+            let ended = self.check(
+                "hipStreamEndCapture",
+                (graphs.end_capture)(stream, &mut graph),
+            );
+            (self.api.stream_destroy)(stream);
+            ended?;
+            let made = self.check(
+                "hipGraphInstantiateWithFlags",
+                (graphs.instantiate)(&mut exec, graph, 0),
+            );
+            (graphs.destroy)(graph);
+            made?;
+            if let Some(upload) = graphs.upload {
+                let uploaded = self.check("hipGraphUpload", upload(exec, self.stream));
+                if let Err(e) = uploaded {
+                    (graphs.exec_destroy)(exec);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Graph(exec as usize))
+    }
+
+    fn launch_graph(&self, graph: Graph) -> Result<()> {
+        let graphs = self.graphs()?;
+        self.bind()?;
+        // SAFETY: `graph` came from `end_capture` on this driver and is not yet destroyed.
+        self.check("hipGraphLaunch", unsafe {
+            (graphs.launch)(graph.0 as *mut c_void, self.stream)
+        })
+    }
+
+    fn destroy_graph(&self, graph: Graph) {
+        let Ok(graphs) = self.graphs() else {
+            return;
+        };
+        if self.bind().is_err() {
+            return;
+        }
+        // SAFETY: the graph came from `end_capture`; its launches have finished once the
+        // stream is drained, and it is not used again.
+        unsafe {
+            (self.api.stream_synchronize)(self.stream);
+            (graphs.exec_destroy)(graph.0 as *mut c_void);
+        }
     }
 }
 
@@ -656,5 +923,39 @@ mod tests {
         assert_eq!(warp, 64);
         assert_eq!(memory, 64 << 30);
         assert_eq!(shared, 65536);
+    }
+
+    /// Every runtime function the driver resolves, graphs' and events' included, exists under
+    /// its name in the HIP runtime installed here, where there is one (CI installs Debian's
+    /// ROCm 5.2): a misspelt name would refuse every device, or every recording.
+    #[test]
+    fn runtime_functions_resolve_where_a_runtime_is_installed() {
+        let Some(lib) = library() else {
+            eprintln!("skipped: libamdhip64 is not installed, so no symbol was resolved");
+            return;
+        };
+        if let Err(missing) = Api::load(lib) {
+            panic!("the HIP runtime lacks {missing}");
+        }
+        if let Err(missing) = GraphApi::load(lib) {
+            panic!("the HIP runtime lacks {missing}");
+        }
+    }
+
+    /// Probing without hipBLASLt neither panics nor hides it: the reason matmuls cannot run
+    /// names the library.
+    #[test]
+    fn an_absent_hipblaslt_is_named() {
+        let devices = probe();
+        match matmul_missing() {
+            Some(why) => {
+                assert!(why.contains("libhipblaslt"), "{why}");
+                assert!(devices.iter().all(|d| d.contains(&why)), "{devices:?}");
+            }
+            None => assert!(
+                devices.iter().all(|d| !d.contains("no matmul")),
+                "{devices:?}"
+            ),
+        }
     }
 }

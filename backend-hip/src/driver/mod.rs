@@ -1,7 +1,7 @@
 //! The one seam between the backend and a vendor: everything the rest of the crate asks of a
 //! GPU (memory, copies, compiling and launching kernels, GEMMs) through the [`Driver`] trait,
 //! implemented for NVIDIA by [`cuda`] (the CUDA driver, NVRTC and cuBLASLt through cudarc) and
-//! for AMD by [`amd`] (the HIP runtime and hiprtc, loaded at run time).
+//! for AMD by [`amd`] (the HIP runtime and hiprtc, and [`hipblaslt`], loaded at run time).
 //!
 //! Every call is ordered on the device's one stream, so what one call writes the next reads,
 //! and memory freed by one is reused safely by the next. A thread capturing a graph queues
@@ -9,6 +9,7 @@
 
 pub(crate) mod amd;
 pub(crate) mod cuda;
+pub(crate) mod hipblaslt;
 pub(crate) mod nccl;
 
 use tessera_core::{DType, Error, PendingBytes, Result};

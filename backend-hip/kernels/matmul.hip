@@ -57,14 +57,21 @@ DEV void load_chunk(const T* p, float* f) {
 DEV void load_chunk(const T* p, float* f) { f[0] = to_f32(p[0]); }
 #endif
 
+// The bytes of b that the block's first columns span, for its L2 prefetch.
+DEV u64 block_columns_bytes(const Params& p) {
+    const u64 warps = blockDim.x / WARP_SIZE, first = block_index() * warps;
+    if (first >= p.cols) return 0;
+    const u64 own = p.cols - first < warps ? p.cols - first : warps;
+    return ((own - 1) * p.ldb + p.k) * sizeof(T);
+}
+
 KERNEL void few_rows(const Params p) {
+    // The block's first columns of b, pulled into L2 while the kernel ahead finishes.
+    start_after_previous_prefetching(
+        (const T*)p.b + block_index() * (blockDim.x / WARP_SIZE) * p.ldb, block_columns_bytes(p));
     const u32 warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const u64 warps = blockDim.x / WARP_SIZE;
     const u64 first = block_index() * warps;
-    // The block's first columns of b, pulled into L2 while the kernel ahead finishes.
-    const u64 own = first < p.cols ? (p.cols - first < warps ? p.cols - first : warps) : 0;
-    start_after_previous_prefetching((const T*)p.b + first * p.ldb,
-                                     own ? ((own - 1) * p.ldb + p.k) * sizeof(T) : 0);
     const u64 chunks = p.k / VEC;
     const T* a = (const T*)p.a;
     // Lane r < ROWS finishes row r.

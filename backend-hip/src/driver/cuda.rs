@@ -438,22 +438,7 @@ impl CudaDriver {
                 .map_err(blas_err("cublasLtMatmulDescSetAttribute"))?;
             }
         }
-        // Stored shapes (rows x cols, column-major) of a, b and d.
-        let (ar, ac) = if g.transpose_a {
-            (g.k, g.m)
-        } else {
-            (g.m, g.k)
-        };
-        let (br, bc) = if g.transpose_b {
-            (g.n, g.k)
-        } else {
-            (g.k, g.n)
-        };
-        let shapes = [
-            (ar, ac, g.lda, g.stride_a),
-            (br, bc, g.ldb, g.stride_b),
-            (g.m, g.n, g.ldd, g.stride_d),
-        ];
+        let shapes = g.stored_shapes();
         let mut layouts = [std::ptr::null_mut(); 3];
         for ((layout, &(rows, cols, ld, stride)), &data) in
             layouts.iter_mut().zip(&shapes).zip(&types)

@@ -274,25 +274,6 @@ fn operation(transpose: bool) -> i32 {
     }
 }
 
-/// Stored shapes (rows, cols, leading dimension, batch stride; column-major) of a, b and d.
-fn stored_shapes(g: &Gemm) -> [(usize, usize, usize, usize); 3] {
-    let (ar, ac) = if g.transpose_a {
-        (g.k, g.m)
-    } else {
-        (g.m, g.k)
-    };
-    let (br, bc) = if g.transpose_b {
-        (g.n, g.k)
-    } else {
-        (g.k, g.n)
-    };
-    [
-        (ar, ac, g.lda, g.stride_a),
-        (br, bc, g.ldb, g.stride_b),
-        (g.m, g.n, g.ldd, g.stride_d),
-    ]
-}
-
 /// The GEMM a plan is for: dtypes, sizes, leading dimensions and strides, transposes, and
 /// whether `c` and a bias are present. (cuBLASLt's key adds the pointers' alignments, which
 /// its heuristic takes; hipBLASLt's takes none.)
@@ -448,7 +429,7 @@ impl Blas {
             plan.set_desc(abi::MATMUL_DESC_BIAS_DATA_TYPE, &bias_type)?;
         }
         for (i, (&(rows, cols, ld, stride), &data)) in
-            stored_shapes(g).iter().zip(&types).enumerate()
+            g.stored_shapes().iter().zip(&types).enumerate()
         {
             // SAFETY: writes one layout handle, owned by `plan`.
             check("hipblasLtMatrixLayoutCreate", unsafe {
@@ -656,7 +637,7 @@ mod tests {
     fn stored_shapes_follow_the_transposes() {
         let g = gemm();
         assert_eq!(
-            stored_shapes(&g),
+            g.stored_shapes(),
             [(64, 16, 64, 1024), (16, 32, 16, 512), (64, 32, 64, 2048)]
         );
         let t = Gemm {
@@ -667,7 +648,7 @@ mod tests {
             ..g
         };
         assert_eq!(
-            stored_shapes(&t),
+            t.stored_shapes(),
             [(16, 64, 16, 1024), (32, 16, 32, 512), (64, 32, 64, 2048)]
         );
     }

@@ -68,6 +68,28 @@ pub(crate) struct Gemm {
     pub stride_d: usize,
 }
 
+impl Gemm {
+    /// The stored shapes of a, b and d as BLAS sees them (column-major): rows, columns,
+    /// leading dimension and batch stride.
+    pub(crate) fn stored_shapes(&self) -> [(usize, usize, usize, usize); 3] {
+        let (ar, ac) = if self.transpose_a {
+            (self.k, self.m)
+        } else {
+            (self.m, self.k)
+        };
+        let (br, bc) = if self.transpose_b {
+            (self.n, self.k)
+        } else {
+            (self.k, self.n)
+        };
+        [
+            (ar, ac, self.lda, self.stride_a),
+            (br, bc, self.ldb, self.stride_b),
+            (self.m, self.n, self.ldd, self.stride_d),
+        ]
+    }
+}
+
 /// A vendor's GPU, as the backend uses it. Implementations order every call on one stream.
 pub(crate) trait Driver: Send + Sync + 'static {
     /// The backend name of the device's ids: `cuda` or `hip`.

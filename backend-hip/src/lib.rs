@@ -39,9 +39,12 @@
 //! graph keeps (reused inside it in queue order; counted as in use in the device's memory
 //! statistics), and the graph holds every other buffer its kernels touch (`gpu.rs`). Greedy
 //! decoding and the trainer's bf16 and f32 steps replay this way. Decoding products of up
-//! to eight rows with a linear layer's weight skip cuBLASLt for our `few_rows` kernel; what
-//! remains per token is about 109 short kernels, each mostly latency (`benches/README.md`
-//! has the profile): fewer of them (a norm fused into the product after it) is the next step.
+//! to eight rows with a linear layer's weight skip cuBLASLt for our `few_rows` kernel (a warp
+//! per output column); what remains per token is about 107 short kernels, each mostly
+//! latency (`benches/README.md` has the profile). A norm fused into the product after it was
+//! tried and was slower: each block repeats the norm, on the critical path (branch
+//! `experiment/norm-matmul`); one per step, in the epilogue that writes the residual stream,
+//! is the idea left.
 //! On AMD the same recording is HIP stream capture into a HIP graph (unrun).
 //!
 //! Data-parallel training (`collective.rs`): NCCL, or RCCL on AMD (the same C API), loaded

@@ -1,11 +1,15 @@
 //! Define-by-run reverse-mode autograd, written once for every backend.
 //!
-//! A tensor computed from inputs that require gradients carries a [`Node`]: its inputs and a
-//! function from the output's gradient to the inputs' gradients, expressed in catalog ops so it
-//! runs on the same device. [`Tensor::backward`] walks the nodes in reverse topological order
-//! on one thread and adds gradients into leaves, where they accumulate until
-//! [`Tensor::zero_grad`]. Recording stops inside [`no_grad`] scopes; the depth is per thread,
-//! like PyTorch's grad mode.
+//! A tensor computed from inputs that require gradients carries a [`Node`]: its inputs' nodes
+//! (or the leaves themselves) and a function from the output's gradient to the inputs'
+//! gradients, expressed in catalog ops so it runs on the same device. [`Tensor::backward`]
+//! walks the nodes in reverse topological order on one thread and adds gradients into
+//! leaves, where they accumulate until [`Tensor::zero_grad`]. Recording stops inside
+//! [`no_grad`] scopes; the depth is per thread, like PyTorch's grad mode.
+//!
+//! Memory follows PyTorch's rules: a node keeps the storage of only the inputs and outputs
+//! its backward reads ([`backward_reads`]), and drops them when that backward runs, so a
+//! graph is backpropagated once.
 //!
 //! A narrow's gradient is its source's zeros with the slice written in. Where several
 //! narrows of one tensor meet (a fused QKV projection split three ways), the later slices

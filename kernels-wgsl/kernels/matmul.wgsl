@@ -347,6 +347,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel rows_wide
+// Few rows with `a` and `b` contiguous in k and read as 16-byte vectors (VEC elements each,
+// `dotv` their dot product in f32), on devices with subgroups: a subgroup per output column,
+// its lanes taking every width-th vector of the column's k, their sums met by one subgroupAdd
+// (in the device's fixed order, so results are deterministic). A subgroup's load moves 16
+// bytes a lane where `rows` moves one element, and bytes in flight are what a matrix-vector
+// product waits on. Small workgroups spread narrow matrices over every multiprocessor. The
+// upper-case parts are generated for M rows and the operands' dtype (matmul.rs).
+DOT_VEC
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) sgs: u32, @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
+    let m = params.m;
+    let n = params.n;
+    let kv = params.k / VEC;
+    let sam = params.a_row_stride / VEC;
+    let sbn = params.b_col_stride / VEC;
+    for (var z = wid.z; z < params.batch; z += nwg.z) {
+        let zo = batch_offsets(z);
+        let a_base = (params.a_offset + zo.x) / VEC;
+        let b_base = (params.b_offset + zo.y) / VEC;
+        let r_base = params.res_offset + zo.z;
+        let o_base = params.out_offset + z * m * n;
+        for (var gn = wid.x * sgs + sg; gn < n; gn += nwg.x * sgs) {
+            let bn = b_base + gn * sbn;
+            ZERO
+            var kk = lane;
+            for (; kk + 3u * width < kv; kk += 4u * width) {
+                MAC4
+            }
+            for (; kk < kv; kk += width) {
+                MAC1
+            }
+            FINISH
+        }
+    }
+}
+
 // @kernel columns
 // Few rows (M <= 8) with `b` contiguous in its columns (a convolution's im2col columns, a
 // product with an untransposed weight): the tiled kernel would compute 128 rows for each one

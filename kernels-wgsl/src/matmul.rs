@@ -134,6 +134,102 @@ fn few_rows_code(m: usize, lanes: usize) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Elements of `dtype` in a 16-byte vector, and the WGSL `dotv` of two such vectors held as
+/// `vec4<u32>`: their dot product in f32. `None` for dtypes the `rows_wide` kernel lacks.
+fn vector_dot(dtype: DType) -> Option<(usize, String)> {
+    let pairs = |unpack: &str| {
+        format!(
+            "fn dotv(x: vec4<u32>, y: vec4<u32>) -> f32 {{\n\
+             \x20   let lo = dot(vec4<f32>({unpack}(x.x), {unpack}(x.y)), vec4<f32>({unpack}(y.x), {unpack}(y.y)));\n\
+             \x20   let hi = dot(vec4<f32>({unpack}(x.z), {unpack}(x.w)), vec4<f32>({unpack}(y.z), {unpack}(y.w)));\n\
+             \x20   return lo + hi;\n}}\n"
+        )
+    };
+    match dtype {
+        DType::F32 => Some((
+            4,
+            "fn dotv(x: vec4<u32>, y: vec4<u32>) -> f32 { \
+             return dot(bitcast<vec4<f32>>(x), bitcast<vec4<f32>>(y)); }\n"
+                .to_string(),
+        )),
+        DType::F16 => Some((8, pairs("unpack2x16float"))),
+        DType::BF16 => Some((
+            8,
+            "fn bf16x2(w: u32) -> vec2<f32> { \
+             return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u)); }\n"
+                .to_string()
+                + &pairs("bf16x2"),
+        )),
+        _ => None,
+    }
+}
+
+/// Elements per 16-byte vector where the `rows_wide` kernel can run a few-rows product: the
+/// device has subgroups, `a` and `b` share a float dtype, both are contiguous in k, and every
+/// offset and stride that reaches a vector's start (and k) is a whole number of vectors, in
+/// bindings that start 16-byte aligned.
+fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>, k: usize) -> Option<usize> {
+    let (per_vector, _) = vector_dot(a.dtype)?;
+    let r = a.layout.rank();
+    let whole = |l: &Layout, k_dim: usize| {
+        l.strides[k_dim] == 1
+            && l.offset % per_vector == 0
+            && (0..r).all(|d| d == k_dim || l.shape[d] == 1 || l.strides[d] % per_vector == 0)
+    };
+    let usable = gpu.caps().subgroups
+        && a.dtype == b.dtype
+        && gpu.align() % 16 == 0
+        && k % per_vector == 0
+        && whole(a.layout, r - 1)
+        && whole(b.layout, r - 2);
+    usable.then_some(per_vector)
+}
+
+/// The per-row code of the `rows_wide` kernel for `m` rows of `dtype`.
+fn wide_rows_code(m: usize, dtype: DType) -> Vec<(&'static str, String)> {
+    let each = |t: &str| {
+        (0..m)
+            .map(|r| t.replace('#', &r.to_string()))
+            .collect::<String>()
+    };
+    let (per_vector, dot) = vector_dot(dtype).unwrap_or_default();
+    let step = |j: usize| match j {
+        0 => String::new(),
+        _ => format!(" + {j}u * width"),
+    };
+    let term = |j: usize| format!("dotv(ldv1(a_base + #u * sam + kk{}), w{j})", step(j));
+    let loads = (0..4)
+        .map(|j| format!("let w{j} = ldv2(bn + kk{});\n", step(j)))
+        .collect::<String>();
+    vec![
+        ("DOT_VEC", dot),
+        ("VEC", format!("{per_vector}u")),
+        ("ZERO", each("var acc# = 0.0;\n")),
+        (
+            "MAC4",
+            loads
+                + &each(&format!(
+                    "acc# += ({} + {}) + ({} + {});\n",
+                    term(0),
+                    term(1),
+                    term(2),
+                    term(3)
+                )),
+        ),
+        (
+            "MAC1",
+            "let w0 = ldv2(bn + kk);\n".to_string() + &each(&format!("acc# += {};\n", term(0))),
+        ),
+        (
+            "FINISH",
+            each("let s# = subgroupAdd(acc#);\n")
+                + "if (lane == 0u) {\n"
+                + &each("put(m, n, #u, gn, r_base, o_base, s#);\n")
+                + "}\n",
+        ),
+    ]
+}
+
 /// The tensor-core kernel's staging code: each thread's sixteen elements of each operand per
 /// step, held in named variables between the fetch and the store to workgroup memory.
 fn coop_staging_code() -> Vec<(&'static str, String)> {
@@ -283,6 +379,7 @@ pub(crate) fn launch(
         res_at,
         activation,
     } = Epilogue::of(op).ok_or_else(|| unsupported(gpu, op))?;
+    let a_dtype = a.dtype;
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
     let (a_at, b_at) = (along(sa[r - 1] <= sa[r - 2]), along(sb[r - 2] <= sb[r - 1]));
@@ -316,7 +413,15 @@ pub(crate) fn launch(
     } else {
         columns_lanes(n, k)
     };
-    let (section, variant, grid) = if few_rows {
+    let wide = (few_rows && b_at == "along_k")
+        .then(|| wide_rows(gpu, a, b, k))
+        .flatten();
+    let (section, variant, grid) = if wide.is_some() {
+        // Two subgroups of 32 to a workgroup of 64; the kernel loops where subgroups are
+        // narrower.
+        let grid = [gpu.dim(n.div_ceil(2)), 1, gpu.dim(batch)];
+        ("rows_wide", format!("rows_wide{m}"), grid)
+    } else if few_rows {
         let grid = [gpu.dim(n.div_ceil(256 / lanes)), 1, gpu.dim(batch)];
         let section = if b_at == "along_k" { "rows" } else { "columns" };
         (section, format!("{section}{m}x{lanes}"), grid)
@@ -344,6 +449,7 @@ pub(crate) fn launch(
         move || {
             match section {
                 "rows" => subst.extend(few_rows_code(m, lanes)),
+                "rows_wide" => subst.extend(wide_rows_code(m, a_dtype)),
                 "columns" => subst.extend(columns_code(m, lanes)),
                 "coop" => subst.extend(coop_staging_code()),
                 _ => {}
@@ -833,6 +939,36 @@ mod tests {
             };
             let src = source(SRC, "coop", &bindings, &subst, build, &MatmulParams::wgsl());
             crate::source::assert_valid(&src, &format!("coop {a_at} {b_at} {epilogue:?}"));
+        }
+    }
+
+    /// The wide few-rows kernel is valid WGSL for each dtype it reads, with and without the
+    /// bias and residual epilogue, and reads its operands wide.
+    #[test]
+    fn the_wide_few_rows_kernel_is_valid_wgsl() {
+        let every = Op::Matmul {
+            bias: true,
+            activation: Some(UnaryOp::Gelu),
+            residual: true,
+        };
+        let every = Epilogue::of(&every).expect("a matmul epilogue");
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for (epilogue, count) in [("", 3), (every.code.as_str(), 5)] {
+                let bindings: Vec<_> = (0..count).map(|i| (dtype, i + 1 == count)).collect();
+                let mut subst = vec![
+                    ("EPILOGUE", epilogue.to_string()),
+                    ("STORE", format!("st{count}")),
+                ];
+                subst.extend(wide_rows_code(3, dtype));
+                let build = Build {
+                    immediate_words: Some(64),
+                    subgroups: true,
+                };
+                let params = MatmulParams::wgsl();
+                let src = source(SRC, "rows_wide", &bindings, &subst, build, &params);
+                assert!(src.contains("var<storage, read_write> b2: array<vec4<u32>>"));
+                crate::source::assert_valid(&src, &format!("rows_wide {dtype:?} {epilogue:?}"));
+            }
         }
     }
 }

@@ -9,6 +9,9 @@
 //! `stK(e, v: f32)` (converting as `Cast` does), `ldnK`/`stnK` in its native type (`f32`,
 //! `f16`, `i32`, `u32`; bool as a `u32` 0 or 1; bf16 as its 16 bits in a `u32`), and for
 //! index dtypes `ldiK(e) -> i32` (a u32 past `i32::MAX` reads as -1, i.e. out of range).
+//! An input binding whose kernel calls `ldvK(i)` is declared as 16-byte vectors instead
+//! (`array<vec4<u32>>`; f32, f16 and bf16): `ldvK(i)` returns vector `i` and `ldK(e)` element
+//! `e`, for kernels that load wide.
 //!
 //! A kernel calling `wg_sum` or `wg_max` ends its entry point's parameters with
 //! `@builtin(local_invocation_index) lid: u32` followed by the placeholder `SUBGROUP_ARGS`,
@@ -27,6 +30,25 @@ use crate::params::ParamBlock;
 
 const COMMON: &str = include_str!("../kernels/common.wgsl");
 const GROUP_REDUCE: &str = include_str!("../kernels/group_reduce.wgsl");
+
+/// Where the data bindings' declarations go, once the kernel's code says which are wide.
+const BINDINGS: &str = "// @bindings\n";
+
+/// The declarations and accessors of data binding `k` read as 16-byte vectors: `ldvK(i)`
+/// returns vector `i` as a `vec4<u32>`, and `ldK(e)` still reads element `e` as f32.
+fn wide_binding(k: usize, dtype: DType) -> String {
+    let ld = match dtype {
+        DType::F32 => "bitcast<f32>(bK[e >> 2u][e & 3u])",
+        DType::F16 => "unpack2x16float(bK[e >> 3u][(e >> 1u) & 3u])[e & 1u]",
+        _ => "bitcast<f32>(((bK[e >> 3u][(e >> 1u) & 3u] >> ((e & 1u) * 16u)) & 0xffffu) << 16u)",
+    };
+    format!(
+        "@group(1) @binding(K) var<storage, read_write> bK: array<vec4<u32>>;\n\
+         fn ldvK(i: u32) -> vec4<u32> {{ return bK[i]; }}\n\
+         fn ldK(e: u32) -> f32 {{ return {ld}; }}\n"
+    )
+    .replace('K', &k.to_string())
+}
 
 /// The declarations and accessors of data binding `k`.
 fn binding(k: usize, dtype: DType, output: bool) -> String {
@@ -157,15 +179,25 @@ pub(crate) fn source(
     if has(DType::BF16) {
         src += BF16_BITS;
     }
-    for (k, &(dtype, output)) in bindings.iter().enumerate() {
-        src += &binding(k + 1, dtype, output);
-    }
+    src += BINDINGS;
     src += shared;
     src += "// kernel ";
     src += body;
     for (from, to) in subst {
         src = src.replace(from, to);
     }
+    let declarations: String = bindings
+        .iter()
+        .enumerate()
+        .map(|(i, &(dtype, output))| {
+            let k = i + 1;
+            match src.contains(&format!("ldv{k}(")) {
+                true => wide_binding(k, dtype),
+                false => binding(k, dtype, output),
+            }
+        })
+        .collect();
+    src = src.replacen(BINDINGS, &declarations, 1);
     if build.subgroups {
         src = src
             .replace(

@@ -39,6 +39,25 @@ fn run4(base: u32, rs: u32, r: u32) -> vec4<f32> {
     return vec4<f32>(ld1(base + r * rs), ld1(base + (r + WG) * rs), ld1(base + (r + 2u * WG) * rs), ld1(base + (r + 3u * WG) * rs));
 }
 
+// The workgroup's best (value, index) of every thread's (v, i) for argmax, by a tree in
+// workgroup memory; every thread gets it. Call from uniform control flow.
+struct Best { v: f32, i: u32 }
+fn best_in_group(v: f32, i: u32, lid: u32) -> Best {
+    red[lid] = v;
+    idx[lid] = i;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s && better(red[lid], idx[lid], red[lid + s], idx[lid + s])) {
+            red[lid] = red[lid + s];
+            idx[lid] = idx[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let best = Best(red[0], idx[0]);
+    workgroupBarrier();
+    return best;
+}
+
 // Whether (v2, i2) beats (v1, i1) for argmax: larger, NaN largest, first index on ties.
 fn better(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
     let n1 = is_nan(v1);
@@ -134,20 +153,68 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let v = ld1(in_at(o, r));
             if (better(bv, bi, v, r)) { bv = v; bi = r; }
         }
-        red[lid] = bv;
-        idx[lid] = bi;
-        workgroupBarrier();
-        for (var s = WG / 2u; s > 0u; s >>= 1u) {
-            if (lid < s && better(red[lid], idx[lid], red[lid + s], idx[lid + s])) {
-                red[lid] = red[lid + s];
-                idx[lid] = idx[lid + s];
-            }
-            workgroupBarrier();
-        }
+        let best = best_in_group(bv, bi, lid);
         if (lid == 0u) {
-            stn2(params.offsets[1] + o, i32(idx[0] + params.first));
+            stn2(params.offsets[1] + o, i32(best.i + params.first));
         }
-        workgroupBarrier();
+    }
+}
+
+// @kernel argmax_chunks
+// Argmax of a few long rows (decoding's vocabulary), first step: `chunks` workgroups per row
+// each take `chunk_len` elements of the row (the last chunk fewer, none empty) and leave its best (value bits, index) pair in binding 3, so
+// that many workgroups' loads are in flight where one workgroup would walk the whole row.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nred = params.row_len;
+    let chunks = params.chunks;
+    let span = params.chunk_len;
+    for (var t = group_index(wid, nwg); t < params.rows * chunks; t += group_count(nwg)) {
+        let base = in_at(t / chunks, 0u);
+        let rs = run_stride();
+        let first = (t % chunks) * span;
+        let end = min(first + span, nred);
+        var bv = ld1(base + first * rs);
+        var bi = first;
+        var r = first + lid;
+        for (; r + 3u * WG < end; r += 4u * WG) {
+            let x = run4(base, rs, r);
+            if (better(bv, bi, x.x, r)) { bv = x.x; bi = r; }
+            if (better(bv, bi, x.y, r + WG)) { bv = x.y; bi = r + WG; }
+            if (better(bv, bi, x.z, r + 2u * WG)) { bv = x.z; bi = r + 2u * WG; }
+            if (better(bv, bi, x.w, r + 3u * WG)) { bv = x.w; bi = r + 3u * WG; }
+        }
+        for (; r < end; r += WG) {
+            let v = ld1(base + r * rs);
+            if (better(bv, bi, v, r)) { bv = v; bi = r; }
+        }
+        let best = best_in_group(bv, bi, lid);
+        if (lid == 0u) {
+            stn3(params.offsets[2] + 2u * t, bitcast<u32>(best.v));
+            stn3(params.offsets[2] + 2u * t + 1u, best.i);
+        }
+    }
+}
+
+// @kernel argmax_finish
+// Argmax of a few long rows, second step: a workgroup per row picks the best of its chunks'
+// pairs (binding 3) and writes its index.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let chunks = params.chunks;
+    for (var o = group_index(wid, nwg); o < params.rows; o += group_count(nwg)) {
+        let at = params.offsets[2] + 2u * o * chunks;
+        var bv = bitcast<f32>(ldn3(at));
+        var bi = ldn3(at + 1u);
+        for (var c = lid; c < chunks; c += WG) {
+            let v = bitcast<f32>(ldn3(at + 2u * c));
+            let i = ldn3(at + 2u * c + 1u);
+            if (better(bv, bi, v, i)) { bv = v; bi = i; }
+        }
+        let best = best_in_group(bv, bi, lid);
+        if (lid == 0u) {
+            stn2(params.offsets[1] + o, i32(best.i + params.first));
+        }
     }
 }
 

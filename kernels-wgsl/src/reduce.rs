@@ -1,13 +1,20 @@
 //! Reductions over any axes (a workgroup per output with a tree reduction, or a thread per
 //! output when the reduced extent is short), argmax, and softmax over rows.
 
-use tessera_core::{merge_dims, Error, Op, ReduceOp, Result, TensorRef};
+use tessera_core::{merge_dims, DType, Error, Layout, Op, ReduceOp, Result, TensorRef};
 
 use crate::gpu::Gpu;
 use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/reduce.wgsl");
+
+/// Argmax over at most this many rows of at least two chunks splits each row into chunks of
+/// [`ARGMAX_CHUNK`] elements, a workgroup each, then picks the best of the chunks: one
+/// workgroup walking a vocabulary of 50k waits on its loads' latency fifty times over.
+const ARGMAX_CHUNKED_ROWS: usize = 64;
+/// Elements per chunk of a chunked argmax: eight loads per thread, issued four at a time.
+const ARGMAX_CHUNK: usize = 2048;
 
 /// Reduced extents shorter than this use one thread per output.
 const THREAD_REDUCE_MAX: usize = 64;
@@ -19,14 +26,16 @@ const MAX_DIMS: usize = 8;
 param_block! {
     /// A reduction's, argmax's or softmax's parameters. Reductions and argmax: `rows` outputs
     /// each over `row_len` elements, the input's kept and reduced dimensions, and (argmax) the
-    /// index of the input's first element along the axis in the whole op. Softmax: `rows` rows
-    /// of `row_len`.
+    /// index of the input's first element along the axis in the whole op, and the chunks a
+    /// long row is split into (`chunks` of `chunk_len`). Softmax: `rows` rows of `row_len`.
     ReduceParams {
         rows: u32,
         row_len: u32,
         kept_rank: u32,
         reduced_rank: u32,
         first: u32,
+        chunks: u32,
+        chunk_len: u32,
         kept_shape: [u32; MAX_DIMS],
         kept_strides: [u32; MAX_DIMS],
         reduced_shape: [u32; MAX_DIMS],
@@ -201,19 +210,53 @@ pub(crate) fn argmax(
         ..reduction(gpu, &op, x, &[axis])?
     };
     let (ins, outs) = ([*x], [*out]);
-    run(
-        gpu,
-        &key(&op, &ins, &outs, "argmax"),
-        SRC,
-        "argmax",
-        no_subst,
-        &ins,
-        &outs,
-        u64::from(params.rows),
-        |o| {
+    let (rows, row_len) = (params.rows as usize, params.row_len as usize);
+    fn with_offsets(params: ReduceParams) -> impl Fn(&[usize]) -> ReduceParams {
+        move |o| {
             let mut params = params;
             params.offsets = offsets(o);
             params
+        }
+    }
+    if rows > ARGMAX_CHUNKED_ROWS || row_len < 2 * ARGMAX_CHUNK || params.reduced_rank != 1 {
+        return run(
+            gpu,
+            &key(&op, &ins, &outs, "argmax"),
+            SRC,
+            "argmax",
+            no_subst,
+            &ins,
+            &outs,
+            rows as u64,
+            with_offsets(params),
+        );
+    }
+    let chunks = row_len.div_ceil(ARGMAX_CHUNK);
+    let mut params = params;
+    params.chunks = chunks as u32;
+    params.chunk_len = ARGMAX_CHUNK as u32;
+    let pairs = gpu.scratch(8 * rows * chunks)?;
+    let layout = Layout::contiguous(&[2 * rows * chunks]);
+    let outs = [
+        *out,
+        TensorRef {
+            buffer: &pairs,
+            layout: &layout,
+            dtype: DType::U32,
         },
-    )
+    ];
+    for (section, groups) in [("argmax_chunks", rows * chunks), ("argmax_finish", rows)] {
+        run(
+            gpu,
+            &key(&op, &ins, &outs, section),
+            SRC,
+            section,
+            no_subst,
+            &ins,
+            &outs,
+            groups as u64,
+            with_offsets(params),
+        )?;
+    }
+    Ok(())
 }

@@ -140,7 +140,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let j = j0 + lid / 4u;
             var part = 0.0;
             if (j < end) {
-                for (var d = lid % 4u; d < dk; d += 4u) { part += qs[d] * ld2(kb + j * dk + d); }
+                // Eight loads issued together per step: a thread's loads would otherwise wait
+                // on each other, one memory latency per element.
+                let kr = kb + j * dk;
+                var d = lid % 4u;
+                for (; d + 28u < dk; d += 32u) {
+                    let x0 = ld2(kr + d);
+                    let x1 = ld2(kr + d + 4u);
+                    let x2 = ld2(kr + d + 8u);
+                    let x3 = ld2(kr + d + 12u);
+                    let x4 = ld2(kr + d + 16u);
+                    let x5 = ld2(kr + d + 20u);
+                    let x6 = ld2(kr + d + 24u);
+                    let x7 = ld2(kr + d + 28u);
+                    part += ((qs[d] * x0 + qs[d + 4u] * x1) + (qs[d + 8u] * x2 + qs[d + 12u] * x3))
+                        + ((qs[d + 16u] * x4 + qs[d + 20u] * x5) + (qs[d + 24u] * x6 + qs[d + 28u] * x7));
+                }
+                for (; d < dk; d += 4u) { part += qs[d] * ld2(kr + d); }
             }
             pb[lid] = part;
             workgroupBarrier();
@@ -160,8 +176,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let cnt = min(KEYS, end - j0);
             let quarter = lid / 64u;
             for (var d = lid % 64u; d < dv; d += 64u) {
+                let vd = vb + j0 * dv + d;
                 var part = 0.0;
-                for (var jj = quarter; jj < cnt; jj += 4u) { part += pb[jj] * ld3(vb + (j0 + jj) * dv + d); }
+                var jj = quarter;
+                for (; jj + 12u < cnt; jj += 16u) {
+                    let x0 = ld3(vd + jj * dv);
+                    let x1 = ld3(vd + (jj + 4u) * dv);
+                    let x2 = ld3(vd + (jj + 8u) * dv);
+                    let x3 = ld3(vd + (jj + 12u) * dv);
+                    part += (pb[jj] * x0 + pb[jj + 4u] * x1) + (pb[jj + 8u] * x2 + pb[jj + 12u] * x3);
+                }
+                for (; jj < cnt; jj += 4u) { part += pb[jj] * ld3(vd + jj * dv); }
                 parts[quarter * 256u + d] = part;
             }
             workgroupBarrier();
@@ -183,32 +208,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel forward_combine
-// Joins the splits of forward_rows in order, each rescaled to the row's largest maximum.
+// Joins the splits of forward_rows in order, each rescaled to the row's largest maximum: a
+// thread per split reads the split's pair, so the pairs load at once, and each output element
+// reads the splits' sums four at a time. Splits number at most 256 (`key_splits`).
 // Bindings as forward_rows.
+var<workgroup> scales: array<f32, 256>;
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
     let rows = params.batch * params.heads * params.q_len;
     let splits = params.splits;
     let dv = params.v_dim;
     let pairs = o(6u) + rows * splits * dv;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let t0 = row * splits;
-        var m = -inf();
-        for (var s = 0u; s < splits; s++) { m = max(m, ld6(pairs + 2u * (t0 + s))); }
-        var l = 0.0;
-        for (var s = 0u; s < splits; s++) {
-            let ms = ld6(pairs + 2u * (t0 + s));
-            if (ms != -inf()) { l += ld6(pairs + 2u * (t0 + s) + 1u) * exp(ms - m); }
+        var ms = -inf();
+        var ls = 0.0;
+        if (lid < splits) {
+            ms = ld6(pairs + 2u * (t0 + lid));
+            ls = ld6(pairs + 2u * (t0 + lid) + 1u);
         }
+        let m = wg_max(ms, lid);
+        // A split that saw no key has no sums: its scale is zero and its sums are not read.
+        let e = select(exp(ms - m), 0.0, ms == -inf());
+        let l = wg_sum(ls * e, lid);
+        scales[lid] = e;
+        workgroupBarrier();
         for (var d = lid; d < dv; d += WG) {
+            let at = o(6u) + t0 * dv + d;
             var acc = 0.0;
-            for (var s = 0u; s < splits; s++) {
-                let ms = ld6(pairs + 2u * (t0 + s));
-                if (ms != -inf()) { acc += ld6(o(6u) + (t0 + s) * dv + d) * exp(ms - m); }
+            var s = 0u;
+            for (; s + 3u < splits; s += 4u) {
+                let x0 = select(0.0, ld6(at + s * dv), scales[s] != 0.0);
+                let x1 = select(0.0, ld6(at + (s + 1u) * dv), scales[s + 1u] != 0.0);
+                let x2 = select(0.0, ld6(at + (s + 2u) * dv), scales[s + 2u] != 0.0);
+                let x3 = select(0.0, ld6(at + (s + 3u) * dv), scales[s + 3u] != 0.0);
+                acc += (x0 * scales[s] + x1 * scales[s + 1u]) + (x2 * scales[s + 2u] + x3 * scales[s + 3u]);
+            }
+            for (; s < splits; s++) {
+                acc += select(0.0, ld6(at + s * dv), scales[s] != 0.0) * scales[s];
             }
             st4(o(4u) + row * dv + d, select(0.0, acc / l, l > 0.0));
         }
         if (lid == 0u) { store_lse(row, select(-inf(), m + log(l), l > 0.0)); }
+        workgroupBarrier();
     }
 }
 

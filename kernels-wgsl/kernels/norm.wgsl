@@ -3,6 +3,7 @@
 // Parameters: `NormParams` (norm.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
+fn params.eps -> f32 { return params.eps; }
 
 // @kernel layer_norm
 // Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.
@@ -46,6 +47,69 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var j = lid; j < n; j += WG) {
             st3(o(3u) + row * n + j, ld1(x0 + j) * rstd * ld2(o(2u) + j));
         }
+        if (lid == 0u) {
+            st4(o(4u) + row, rstd);
+        }
+    }
+}
+
+// @kernel layer_norm_short
+// Layer norm of rows of at most 4 x WG elements (decoding's one row): each thread loads its
+// four elements of the row, the weight and the bias at once and keeps them in registers, so
+// the row is read once and the kernel waits on memory once, not three times. Bindings as
+// layer_norm.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.rows;
+    let n = params.row_len;
+    let last = max(n, 1u) - 1u;
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = o(1u) + row * n;
+        let j = vec4<u32>(lid, lid + WG, lid + 2u * WG, lid + 3u * WG);
+        let live = j < vec4<u32>(n);
+        let at = min(j, vec4<u32>(last));
+        let x = select(vec4<f32>(0.0), vec4<f32>(ld1(x0 + at.x), ld1(x0 + at.y), ld1(x0 + at.z), ld1(x0 + at.w)), live);
+        let w = vec4<f32>(ld2(o(2u) + at.x), ld2(o(2u) + at.y), ld2(o(2u) + at.z), ld2(o(2u) + at.w));
+        let b = vec4<f32>(ld3(o(3u) + at.x), ld3(o(3u) + at.y), ld3(o(3u) + at.z), ld3(o(3u) + at.w));
+        let mean = wg_sum(((x.x + x.y) + x.z) + x.w, lid) / f32(n);
+        let d = select(vec4<f32>(0.0), x - mean, live);
+        let rstd = 1.0 / sqrt(wg_sum(((d.x * d.x + d.y * d.y) + d.z * d.z) + d.w * d.w, lid) / f32(n) + params.eps);
+        let y = d * rstd * w + b;
+        let y0 = o(4u) + row * n;
+        if (live.x) { st4(y0 + j.x, y.x); }
+        if (live.y) { st4(y0 + j.y, y.y); }
+        if (live.z) { st4(y0 + j.z, y.z); }
+        if (live.w) { st4(y0 + j.w, y.w); }
+        if (lid == 0u) {
+            st5(o(5u) + row, mean);
+            st6(o(6u) + row, rstd);
+        }
+    }
+}
+
+// @kernel rms_norm_short
+// RMS norm of rows of at most 4 x WG elements, as layer_norm_short. Bindings as rms_norm.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.rows;
+    let n = params.row_len;
+    let last = max(n, 1u) - 1u;
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let x0 = o(1u) + row * n;
+        let j = vec4<u32>(lid, lid + WG, lid + 2u * WG, lid + 3u * WG);
+        let live = j < vec4<u32>(n);
+        let at = min(j, vec4<u32>(last));
+        let x = select(vec4<f32>(0.0), vec4<f32>(ld1(x0 + at.x), ld1(x0 + at.y), ld1(x0 + at.z), ld1(x0 + at.w)), live);
+        let w = vec4<f32>(ld2(o(2u) + at.x), ld2(o(2u) + at.y), ld2(o(2u) + at.z), ld2(o(2u) + at.w));
+        let rstd = 1.0 / sqrt(wg_sum(((x.x * x.x + x.y * x.y) + x.z * x.z) + x.w * x.w, lid) / f32(n) + params.eps);
+        let y = x * rstd * w;
+        let y0 = o(3u) + row * n;
+        if (live.x) { st3(y0 + j.x, y.x); }
+        if (live.y) { st3(y0 + j.y, y.y); }
+        if (live.z) { st3(y0 + j.z, y.z); }
+        if (live.w) { st3(y0 + j.w, y.w); }
         if (lid == 0u) {
             st4(o(4u) + row, rstd);
         }

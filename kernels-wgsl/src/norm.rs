@@ -1,9 +1,10 @@
 //! Layer norm and RMS norm, forward and backward: a workgroup per row for the row statistics
-//! and `dx`, then a workgroup per column for the weight gradients (no atomics).
+//! and `dx` (rows of up to 1,024 held in registers in the forward), then a workgroup per
+//! column for the weight gradients (no atomics).
 
 use tessera_core::{Op, Result, TensorRef};
 
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, WG};
 use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{key, no_subst, run, unsupported};
 
@@ -50,7 +51,11 @@ pub(crate) fn launch(
             params,
         )
     };
+    // Rows a workgroup holds in registers, four elements a thread, are read once.
+    let short = n <= 4 * WG as usize;
     match op {
+        Op::LayerNorm if short => go("layer_norm_short", rows),
+        Op::RmsNorm if short => go("rms_norm_short", rows),
         Op::LayerNorm => go("layer_norm", rows),
         Op::RmsNorm => go("rms_norm", rows),
         Op::LayerNormBackward => {

@@ -3,7 +3,6 @@
 // Parameters: `NormParams` (norm.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
-fn params.eps -> f32 { return params.eps; }
 
 // @kernel layer_norm
 // Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.

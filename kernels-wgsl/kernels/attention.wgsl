@@ -207,6 +207,122 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel forward_keys
+// A cached attention's few query rows (decoding) over keys and values read as 16-byte vectors
+// (VEC elements; source.rs): a workgroup per query row takes the keys it sees WG at a time, a
+// thread per key for the scores (its key's vectors loaded four at a time), then the values'
+// weighted sum with each thread on one vector of the value row for a slice of the keys, the
+// slices added in order through workgroup memory. One pass over the keys: nothing to combine.
+// Bindings: 1 q, 2 k, 3 v, 4 out, 5 positions.
+VECTOR_MATH
+var<workgroup> qk: array<f32, 256>;
+var<workgroup> pk: array<f32, 256>;
+var<workgroup> vparts: array<f32, 2048>;
+
+// Elements 4h.. of the query's vector c times the elements of key vector x.
+fn qdot(x: vec4<u32>, c: u32) -> vec4<f32> {
+    let q = c * VEC;
+    var r = quad(x, 0u) * vec4<f32>(qk[q], qk[q + 1u], qk[q + 2u], qk[q + 3u]);
+    if (QUADS == 2u) { r += quad(x, 1u) * vec4<f32>(qk[q + 4u], qk[q + 5u], qk[q + 6u], qk[q + 7u]); }
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.batch * params.heads * params.q_len;
+    let dk = params.k_dim;
+    let dv = params.v_dim;
+    let kvecs = dk / VEC;
+    let vvecs = dv / VEC;
+    // The keys of a pass are split into `slices` for the values' sums, one per thread of a
+    // value vector.
+    let slices = WG / vvecs;
+    let slot = lid % vvecs;
+    let slice = lid / vvecs;
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let seen = visible(row % params.q_len);
+        let kb = k_base(row / params.q_len) / VEC;
+        let vb = v_base(row / params.q_len) / VEC;
+        workgroupBarrier();
+        if (lid < dk) { qk[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
+        workgroupBarrier();
+        var acc = 0.0;
+        var m = -inf();
+        var l = 0.0;
+        for (var j0 = 0u; j0 < seen; j0 += WG) {
+            let j = j0 + lid;
+            var s = -inf();
+            if (j < seen) {
+                let kr = kb + j * kvecs;
+                var d4 = vec4<f32>(0.0);
+                var c = 0u;
+                for (; c + 3u < kvecs; c += 4u) {
+                    let x0 = ldv2(kr + c);
+                    let x1 = ldv2(kr + c + 1u);
+                    let x2 = ldv2(kr + c + 2u);
+                    let x3 = ldv2(kr + c + 3u);
+                    d4 += (qdot(x0, c) + qdot(x1, c + 1u)) + (qdot(x2, c + 2u) + qdot(x3, c + 3u));
+                }
+                for (; c < kvecs; c++) { d4 += qdot(ldv2(kr + c), c); }
+                s = (d4.x + d4.y) + (d4.z + d4.w);
+            }
+            let m_new = max(m, wg_max(s, lid));
+            let alpha = select(exp(m - m_new), 1.0, m_new == -inf());
+            let p = select(exp(s - m_new), 0.0, s == -inf());
+            l = l * alpha + wg_sum(p, lid);
+            m = m_new;
+            pk[lid] = p;
+            workgroupBarrier();
+            let cnt = min(WG, seen - j0);
+            if (slice < slices) {
+                var lo = vec4<f32>(0.0);
+                var hi = vec4<f32>(0.0);
+                let vs = vb + j0 * vvecs + slot;
+                var jj = slice;
+                for (; jj + 3u * slices < cnt; jj += 4u * slices) {
+                    let x0 = ldv3(vs + jj * vvecs);
+                    let x1 = ldv3(vs + (jj + slices) * vvecs);
+                    let x2 = ldv3(vs + (jj + 2u * slices) * vvecs);
+                    let x3 = ldv3(vs + (jj + 3u * slices) * vvecs);
+                    let p0 = pk[jj];
+                    let p1 = pk[jj + slices];
+                    let p2 = pk[jj + 2u * slices];
+                    let p3 = pk[jj + 3u * slices];
+                    lo += (p0 * quad(x0, 0u) + p1 * quad(x1, 0u)) + (p2 * quad(x2, 0u) + p3 * quad(x3, 0u));
+                    if (QUADS == 2u) {
+                        hi += (p0 * quad(x0, 1u) + p1 * quad(x1, 1u)) + (p2 * quad(x2, 1u) + p3 * quad(x3, 1u));
+                    }
+                }
+                for (; jj < cnt; jj += slices) {
+                    let x = ldv3(vs + jj * vvecs);
+                    lo += pk[jj] * quad(x, 0u);
+                    if (QUADS == 2u) { hi += pk[jj] * quad(x, 1u); }
+                }
+                let e = slice * dv + slot * VEC;
+                vparts[e] = lo.x;
+                vparts[e + 1u] = lo.y;
+                vparts[e + 2u] = lo.z;
+                vparts[e + 3u] = lo.w;
+                if (QUADS == 2u) {
+                    vparts[e + 4u] = hi.x;
+                    vparts[e + 5u] = hi.y;
+                    vparts[e + 6u] = hi.z;
+                    vparts[e + 7u] = hi.w;
+                }
+            }
+            workgroupBarrier();
+            if (lid < dv) {
+                var sum = 0.0;
+                for (var t = 0u; t < slices; t++) { sum += vparts[t * dv + lid]; }
+                acc = acc * alpha + sum;
+            }
+        }
+        if (lid < dv) { st4(o(4u) + row * dv + lid, select(0.0, acc / l, l > 0.0)); }
+        if (lid == 0u) { store_lse(row, select(-inf(), m + log(l), l > 0.0)); }
+    }
+}
+
 // @kernel forward_combine
 // Joins the splits of forward_rows in order, each rescaled to the row's largest maximum: a
 // thread per split reads the split's pair, so the pairs load at once, and each output element

@@ -13,7 +13,7 @@ use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::gpu::Gpu;
 use crate::params::{offsets, param_block, MAX_BINDINGS};
-use crate::source::{groups_for, key, no_subst, run, unsupported};
+use crate::source::{groups_for, key, no_subst, run, unsupported, wide_along, wide_helpers};
 
 const SRC: &str = include_str!("../kernels/attention.wgsl");
 const ROTARY: &str = include_str!("../kernels/rotary.wgsl");
@@ -66,6 +66,11 @@ const ROWS: usize = 128;
 /// the time with 128 rows and tiles of 32 as with 64 and 64 (tiles of 16 and 8, and 256 rows,
 /// were no faster).
 const MAX_TILE: usize = 32;
+/// A cached attention over at most this many cache rows, with keys and values that read as
+/// 16-byte vectors, runs `forward_keys`: one workgroup per query row in one pass, with no
+/// combining kernel after it (decoding's launches each cost a few microseconds however
+/// little they do). Longer caches split their keys over workgroups (`forward_rows`).
+const MAX_ONE_PASS_KEYS: usize = 4096;
 /// Fewer query rows than this (decoding) run `forward_rows`, a workgroup per row and key split.
 const FEW_ROWS: usize = 64;
 /// Up to this many queries per head (decoding, also batched, or a few tokens at a time) run
@@ -180,6 +185,27 @@ pub(crate) fn launch(
                 // per head (decoding): workgroups over (row, key split) spread the keys over
                 // threads instead, for head sizes up to 256 (a thread per output element).
                 if (rows < FEW_ROWS || q[2] <= FEW_QUERIES) && q[3] <= 256 && v[3] <= 256 {
+                    if positions.is_some() && kk[2] <= MAX_ONE_PASS_KEYS {
+                        let k_wide = wide_along(gpu, &inputs[1], 3);
+                        if k_wide.is_some() && k_wide == wide_along(gpu, &inputs[2], 3) {
+                            let section = "forward_keys";
+                            return run(
+                                gpu,
+                                &key(&shared_op, inputs, outputs, section),
+                                SRC,
+                                section,
+                                || {
+                                    let mut subst = head.subst(section);
+                                    subst.push(("VECTOR_MATH", wide_helpers(inputs[1].dtype)));
+                                    Ok(subst)
+                                },
+                                inputs,
+                                outputs,
+                                rows as u64,
+                                params,
+                            );
+                        }
+                    }
                     // One split finishes its rows itself: then the partials are not read, and
                     // their binding holds a word.
                     let words = if splits > 1 {
@@ -360,7 +386,10 @@ impl Chunks {
 
 /// Kernels whose code does not depend on the head sizes (they read them from parameters).
 fn any_head(kernel: &str) -> bool {
-    matches!(kernel, "forward_rows" | "forward_combine" | "delta")
+    matches!(
+        kernel,
+        "forward_rows" | "forward_keys" | "forward_combine" | "delta"
+    )
 }
 
 impl Head {
@@ -684,7 +713,7 @@ mod tests {
 
     use tessera_core::{Buffer, DType, Error, Limits, Op, Result};
 
-    use super::{section_of, AttentionParams, Head, SRC};
+    use super::{section_of, wide_helpers, AttentionParams, Head, SRC};
     use crate::gpu::{Build, Caps, Dispatch, Gpu};
     use crate::params::ParamBlock;
     use crate::source::source;
@@ -726,6 +755,42 @@ mod tests {
             immediate_words: 64,
             subgroups: true,
         })
+    }
+
+    /// The one-pass cached attention is valid WGSL for every dtype it reads wide, with i32
+    /// and u32 positions.
+    #[test]
+    fn the_one_pass_cached_attention_is_valid_wgsl() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for positions in [DType::I32, DType::U32] {
+                let head = Head::new(
+                    &device(false),
+                    &Op::CachedAttention,
+                    64,
+                    64,
+                    false,
+                    Some(positions),
+                )
+                .unwrap();
+                let mut subst = head.subst("forward_keys");
+                subst.push(("VECTOR_MATH", wide_helpers(dtype)));
+                let bindings = [
+                    (dtype, false),
+                    (dtype, false),
+                    (dtype, false),
+                    (dtype, true),
+                    (positions, true),
+                ];
+                let build = Build {
+                    immediate_words: Some(64),
+                    subgroups: true,
+                };
+                let params = AttentionParams::wgsl();
+                let src = source(SRC, "forward_keys", &bindings, &subst, build, &params);
+                assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
+                crate::source::assert_valid(&src, &format!("forward_keys {dtype:?} {positions:?}"));
+            }
+        }
     }
 
     /// Every attention kernel, and the forward kernels of a cached attention with i32 and u32

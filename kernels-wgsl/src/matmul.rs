@@ -14,7 +14,7 @@ use tessera_core::{merge_dims, DType, Error, Layout, Op, Result, TensorRef, Unar
 use crate::elementwise;
 use crate::gpu::{Gpu, Planner};
 use crate::params::param_block;
-use crate::source::{groups_for, key, run, run_grid, unsupported};
+use crate::source::{groups_for, key, run, run_grid, unsupported, wide_along, wide_helpers};
 use tessera_core::exec::split;
 
 const SRC: &str = include_str!("../kernels/matmul.wgsl");
@@ -134,55 +134,14 @@ fn few_rows_code(m: usize, lanes: usize) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Elements of `dtype` in a 16-byte vector, and the WGSL `dotv` of two such vectors held as
-/// `vec4<u32>`: their dot product in f32. `None` for dtypes the `rows_wide` kernel lacks.
-fn vector_dot(dtype: DType) -> Option<(usize, String)> {
-    let pairs = |unpack: &str| {
-        format!(
-            "fn dotv(x: vec4<u32>, y: vec4<u32>) -> f32 {{\n\
-             \x20   let lo = dot(vec4<f32>({unpack}(x.x), {unpack}(x.y)), vec4<f32>({unpack}(y.x), {unpack}(y.y)));\n\
-             \x20   let hi = dot(vec4<f32>({unpack}(x.z), {unpack}(x.w)), vec4<f32>({unpack}(y.z), {unpack}(y.w)));\n\
-             \x20   return lo + hi;\n}}\n"
-        )
-    };
-    match dtype {
-        DType::F32 => Some((
-            4,
-            "fn dotv(x: vec4<u32>, y: vec4<u32>) -> f32 { \
-             return dot(bitcast<vec4<f32>>(x), bitcast<vec4<f32>>(y)); }\n"
-                .to_string(),
-        )),
-        DType::F16 => Some((8, pairs("unpack2x16float"))),
-        DType::BF16 => Some((
-            8,
-            "fn bf16x2(w: u32) -> vec2<f32> { \
-             return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u)); }\n"
-                .to_string()
-                + &pairs("bf16x2"),
-        )),
-        _ => None,
-    }
-}
-
-/// Elements per 16-byte vector where the `rows_wide` kernel can run a few-rows product: the
-/// device has subgroups, `a` and `b` share a float dtype, both are contiguous in k, and every
-/// offset and stride that reaches a vector's start (and k) is a whole number of vectors, in
-/// bindings that start 16-byte aligned.
-fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>, k: usize) -> Option<usize> {
-    let (per_vector, _) = vector_dot(a.dtype)?;
+/// Whether the `rows_wide` kernel can run a few-rows product: the device has subgroups, and
+/// `a` and `b` share a dtype and read as 16-byte vectors along k.
+fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
     let r = a.layout.rank();
-    let whole = |l: &Layout, k_dim: usize| {
-        l.strides[k_dim] == 1
-            && l.offset % per_vector == 0
-            && (0..r).all(|d| d == k_dim || l.shape[d] == 1 || l.strides[d] % per_vector == 0)
-    };
-    let usable = gpu.caps().subgroups
+    gpu.caps().subgroups
         && a.dtype == b.dtype
-        && gpu.align() % 16 == 0
-        && k % per_vector == 0
-        && whole(a.layout, r - 1)
-        && whole(b.layout, r - 2);
-    usable.then_some(per_vector)
+        && wide_along(gpu, a, r - 1).is_some()
+        && wide_along(gpu, b, r - 2).is_some()
 }
 
 /// The per-row code of the `rows_wide` kernel for `m` rows of `dtype`.
@@ -192,7 +151,6 @@ fn wide_rows_code(m: usize, dtype: DType) -> Vec<(&'static str, String)> {
             .map(|r| t.replace('#', &r.to_string()))
             .collect::<String>()
     };
-    let (per_vector, dot) = vector_dot(dtype).unwrap_or_default();
     let step = |j: usize| match j {
         0 => String::new(),
         _ => format!(" + {j}u * width"),
@@ -202,8 +160,7 @@ fn wide_rows_code(m: usize, dtype: DType) -> Vec<(&'static str, String)> {
         .map(|j| format!("let w{j} = ldv2(bn + kk{});\n", step(j)))
         .collect::<String>();
     vec![
-        ("DOT_VEC", dot),
-        ("VEC", format!("{per_vector}u")),
+        ("VECTOR_MATH", wide_helpers(dtype)),
         ("ZERO", each("var acc# = 0.0;\n")),
         (
             "MAC4",
@@ -413,10 +370,7 @@ pub(crate) fn launch(
     } else {
         columns_lanes(n, k)
     };
-    let wide = (few_rows && b_at == "along_k")
-        .then(|| wide_rows(gpu, a, b, k))
-        .flatten();
-    let (section, variant, grid) = if wide.is_some() {
+    let (section, variant, grid) = if few_rows && b_at == "along_k" && wide_rows(gpu, a, b) {
         // Two subgroups of 32 to a workgroup of 64; the kernel loops where subgroups are
         // narrower.
         let grid = [gpu.dim(n.div_ceil(2)), 1, gpu.dim(batch)];

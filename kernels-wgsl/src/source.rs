@@ -34,6 +34,60 @@ const GROUP_REDUCE: &str = include_str!("../kernels/group_reduce.wgsl");
 /// Where the data bindings' declarations go, once the kernel's code says which are wide.
 const BINDINGS: &str = "// @bindings\n";
 
+/// Elements of `dtype` in a 16-byte vector, for the dtypes kernels read wide.
+pub(crate) fn wide_elements(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 => Some(4),
+        DType::F16 | DType::BF16 => Some(8),
+        _ => None,
+    }
+}
+
+/// Elements per 16-byte vector where `t` can be read as vectors along dimension `dim`: a dtype
+/// read wide, `dim` contiguous and a whole number of vectors long, and every offset and
+/// stride that reaches a vector's start a whole number of vectors, in bindings that start
+/// 16-byte aligned.
+pub(crate) fn wide_along(gpu: &dyn Gpu, t: &TensorRef<'_>, dim: usize) -> Option<usize> {
+    let per_vector = wide_elements(t.dtype)?;
+    let l = t.layout;
+    let whole = gpu.align() % 16 == 0
+        && l.strides[dim] == 1
+        && l.shape[dim] % per_vector == 0
+        && l.offset % per_vector == 0
+        && (0..l.rank()).all(|d| d == dim || l.shape[d] == 1 || l.strides[d] % per_vector == 0);
+    whole.then_some(per_vector)
+}
+
+/// WGSL for kernels reading 16-byte vectors of `dtype` (held as `vec4<u32>`): `VEC`, the
+/// elements in one, `QUADS`, its groups of four, `quad(x, h)`, elements `4h..4h + 4` as f32,
+/// and `dotv(x, y)`, the dot product of two vectors in f32.
+pub(crate) fn wide_helpers(dtype: DType) -> String {
+    let pairs = |unpack: &str| {
+        format!(
+            "fn quad(x: vec4<u32>, h: u32) -> vec4<f32> {{\n\
+             \x20   let w = select(x.xy, x.zw, h == 1u);\n\
+             \x20   return vec4<f32>({unpack}(w.x), {unpack}(w.y));\n}}\n\
+             fn dotv(x: vec4<u32>, y: vec4<u32>) -> f32 {{\n\
+             \x20   let lo = dot(vec4<f32>({unpack}(x.x), {unpack}(x.y)), vec4<f32>({unpack}(y.x), {unpack}(y.y)));\n\
+             \x20   let hi = dot(vec4<f32>({unpack}(x.z), {unpack}(x.w)), vec4<f32>({unpack}(y.z), {unpack}(y.w)));\n\
+             \x20   return lo + hi;\n}}\n"
+        )
+    };
+    match dtype {
+        DType::F32 => "const VEC: u32 = 4u;\nconst QUADS: u32 = 1u;\n\
+                       fn quad(x: vec4<u32>, h: u32) -> vec4<f32> { return bitcast<vec4<f32>>(x); }\n\
+                       fn dotv(x: vec4<u32>, y: vec4<u32>) -> f32 { \
+                       return dot(bitcast<vec4<f32>>(x), bitcast<vec4<f32>>(y)); }\n"
+            .to_string(),
+        DType::F16 => "const VEC: u32 = 8u;\nconst QUADS: u32 = 2u;\n".to_string() + &pairs("unpack2x16float"),
+        _ => "const VEC: u32 = 8u;\nconst QUADS: u32 = 2u;\n\
+              fn bf16x2(w: u32) -> vec2<f32> { \
+              return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u)); }\n"
+            .to_string()
+            + &pairs("bf16x2"),
+    }
+}
+
 /// The declarations and accessors of data binding `k` read as 16-byte vectors: `ldvK(i)`
 /// returns vector `i` as a `vec4<u32>`, and `ldK(e)` still reads element `e` as f32.
 fn wide_binding(k: usize, dtype: DType) -> String {

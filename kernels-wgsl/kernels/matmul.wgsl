@@ -446,7 +446,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // special), then every subgroup multiplies from there. The next step's elements are fetched
 // into registers before the multiplications, so their latency hides behind them: sixteen
 // elements of each operand per thread, in named variables (generated, matmul.rs) so that the
-// loads issue together and nothing is indexed dynamically. Each
+// loads issue together and nothing is indexed dynamically; where both operands read as 16-byte
+// vectors along their contiguous dimension, two vectors of each per thread instead (their
+// fetch and stash functions generated). Each
 // accumulator is finished through a 16x16 f32 staging tile of its subgroup and the shared
 // epilogue `put`. Products meet in a fixed order, so results are deterministic.
 const CK: u32 = 32u;
@@ -487,6 +489,7 @@ fn put_b(e: u32, v: f16) {
     cb[r.y * LDB + r.x] = v;
 }
 
+STAGING
 // Writes accumulator (i, j) of subgroup `sg` through its staging tile.
 fn finish(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, m: u32, n: u32, gm0: u32, gn0: u32, r_base: u32, o_base: u32) {
     workgroupBarrier();

@@ -187,6 +187,75 @@ fn wide_rows_code(m: usize, dtype: DType) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The tensor-core kernel's staging code where both operands read as 16-byte vectors of
+/// eight halves along their contiguous dimension (`a_at`, `b_at`: `coop_k` or `coop_mn`):
+/// each thread's two vectors of each operand per step, and the functions that fetch them
+/// (zeros past the matrix: the contiguous extent is a whole number of vectors) and spread
+/// their halves over the staged tiles.
+fn coop_wide_staging_code(a_at: &str, b_at: &str) -> Vec<(&'static str, String)> {
+    let halves = |store: &dyn Fn(usize) -> String| {
+        (0..8)
+            .map(|e| {
+                let word = ["x", "y", "z", "w"][e / 2];
+                let half = ["x", "y"][e % 2];
+                format!("{} = f16(unpack2x16float(x.{word}).{half});\n", store(e))
+            })
+            .collect::<String>()
+    };
+    // (row or column, k) of vector `v`'s first element, its clamped element index, and
+    // whether it lies inside the matrix.
+    let fetch = |name: &str,
+                 binding: usize,
+                 at: &str,
+                 rows: &str,
+                 row0: &str,
+                 stride: &str,
+                 k_stride: &str| {
+        let (r, kk, clamp_r, clamp_k) = match at {
+            "coop_k" => ("v / 4u", "(v % 4u) * 8u", "1u", "8u"),
+            _ => ("(v % 16u) * 8u", "v / 16u", "8u", "1u"),
+        };
+        format!(
+            "fn {name}(v: u32, {rows}: u32, k: u32, {row0}: u32, k0: u32, base: u32) -> vec4<u32> {{\n\
+             \x20   let g = {row0} + {r};\n\
+             \x20   let gk = k0 + {kk};\n\
+             \x20   let e = base + min(g, {rows} - {clamp_r}) * params.{stride} + min(gk, k - {clamp_k}) * params.{k_stride};\n\
+             \x20   return select(vec4<u32>(0u), ldv{binding}(e / 8u), g < {rows} && gk < k);\n}}\n"
+        )
+    };
+    let stash_a = match a_at {
+        "coop_k" => halves(&|e| format!("ca[(v / 4u) * LDA + (v % 4u) * 8u + {e}u]")),
+        _ => halves(&|e| format!("ca[((v % 16u) * 8u + {e}u) * LDA + v / 16u]")),
+    };
+    let stash_b = match b_at {
+        "coop_k" => halves(&|e| format!("cb[((v % 4u) * 8u + {e}u) * LDB + v / 4u]")),
+        _ => halves(&|e| format!("cb[(v / 16u) * LDB + (v % 16u) * 8u + {e}u]")),
+    };
+    let staging = fetch("vec_a", 1, a_at, "m", "m0", "a_row_stride", "a_k_stride")
+        + &fetch("vec_b", 2, b_at, "n", "n0", "b_col_stride", "b_k_stride")
+        + &format!("fn stage_a(v: u32, x: vec4<u32>) {{\n{stash_a}}}\n")
+        + &format!("fn stage_b(v: u32, x: vec4<u32>) {{\n{stash_b}}}\n");
+    vec![
+        ("STAGING", staging),
+        (
+            "DECLARE",
+            "var va0: vec4<u32>;\nvar va1: vec4<u32>;\nvar vb0: vec4<u32>;\nvar vb1: vec4<u32>;\n"
+                .to_string(),
+        ),
+        (
+            "FETCH",
+            "va0 = vec_a(lid, m, k, m0, k0, a_base);\nva1 = vec_a(lid + 256u, m, k, m0, k0, a_base);\n\
+             vb0 = vec_b(lid, n, k, n0, k0, b_base);\nvb1 = vec_b(lid + 256u, n, k, n0, k0, b_base);\n"
+                .to_string(),
+        ),
+        (
+            "STASH",
+            "stage_a(lid, va0);\nstage_a(lid + 256u, va1);\nstage_b(lid, vb0);\nstage_b(lid + 256u, vb1);\n"
+                .to_string(),
+        ),
+    ]
+}
+
 /// The tensor-core kernel's staging code: each thread's sixteen elements of each operand per
 /// step, held in named variables between the fetch and the store to workgroup memory.
 fn coop_staging_code() -> Vec<(&'static str, String)> {
@@ -196,6 +265,7 @@ fn coop_staging_code() -> Vec<(&'static str, String)> {
             .collect::<String>()
     };
     vec![
+        ("STAGING", String::new()),
         ("DECLARE", each("var xa#: f16;\nvar xb#: f16;\n")),
         (
             "FETCH",
@@ -382,7 +452,18 @@ pub(crate) fn launch(
     } else if tensor_cores {
         subst[2].1 = a_at.replace("along", "coop");
         subst[3].1 = b_at.replace("along", "coop");
-        ("coop", format!("coop/{a_at}/{b_at}"), tile_grid)
+        let contiguous = |at: &str, k_dim: usize, other: usize| match at {
+            "along_k" => k_dim,
+            _ => other,
+        };
+        let wide = wide_along(gpu, a, contiguous(a_at, r - 1, r - 2)).is_some()
+            && wide_along(gpu, b, contiguous(b_at, r - 2, r - 1)).is_some();
+        if wide {
+            let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
+            subst.extend(coop_wide_staging_code(&a_at, &b_at));
+        }
+        let name = if wide { "coop_wide" } else { "coop" };
+        ("coop", format!("{name}/{a_at}/{b_at}"), tile_grid)
     } else {
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
         let (splits, k_per_split) = split_k(tile_count, k);
@@ -405,7 +486,10 @@ pub(crate) fn launch(
                 "rows" => subst.extend(few_rows_code(m, lanes)),
                 "rows_wide" => subst.extend(wide_rows_code(m, a_dtype)),
                 "columns" => subst.extend(columns_code(m, lanes)),
-                "coop" => subst.extend(coop_staging_code()),
+                // The wide variant's staging code is already in.
+                "coop" if !subst.iter().any(|(from, _)| *from == "STAGING") => {
+                    subst.extend(coop_staging_code())
+                }
                 _ => {}
             }
             Ok(subst)
@@ -885,14 +969,22 @@ mod tests {
                 ("A_AT", a_at.to_string()),
                 ("B_AT", b_at.to_string()),
             ];
-            let mut subst = subst.to_vec();
-            subst.extend(coop_staging_code());
             let build = Build {
                 immediate_words: Some(64),
                 subgroups: true,
             };
-            let src = source(SRC, "coop", &bindings, &subst, build, &MatmulParams::wgsl());
-            crate::source::assert_valid(&src, &format!("coop {a_at} {b_at} {epilogue:?}"));
+            for wide in [false, true] {
+                let mut subst = subst.to_vec();
+                if wide {
+                    subst.extend(coop_wide_staging_code(a_at, b_at));
+                } else {
+                    subst.extend(coop_staging_code());
+                }
+                let src = source(SRC, "coop", &bindings, &subst, build, &MatmulParams::wgsl());
+                assert_eq!(src.contains("array<vec4<u32>>"), wide);
+                let what = format!("coop wide {wide} {a_at} {b_at} {epilogue:?}");
+                crate::source::assert_valid(&src, &what);
+            }
         }
     }
 

@@ -52,9 +52,10 @@ pub(crate) fn wide_along(gpu: &dyn Gpu, t: &TensorRef<'_>, dim: usize) -> Option
     let l = t.layout;
     let whole = gpu.align() % 16 == 0
         && l.strides[dim] == 1
-        && l.shape[dim] % per_vector == 0
-        && l.offset % per_vector == 0
-        && (0..l.rank()).all(|d| d == dim || l.shape[d] == 1 || l.strides[d] % per_vector == 0);
+        && l.shape[dim].is_multiple_of(per_vector)
+        && l.offset.is_multiple_of(per_vector)
+        && (0..l.rank())
+            .all(|d| d == dim || l.shape[d] == 1 || l.strides[d].is_multiple_of(per_vector));
     whole.then_some(per_vector)
 }
 

@@ -101,9 +101,12 @@ impl Context {
         if pin_subgroups {
             extensions.push(SUBGROUP_SIZE_CONTROL.as_ptr());
         }
+        let core_features =
+            vk::PhysicalDeviceFeatures::default().robust_buffer_access(physical.robust_buffers);
         let create = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
             .enabled_extension_names(&extensions)
+            .enabled_features(&core_features)
             .push_next(&mut v11)
             .push_next(&mut v12);
         let create = if zero_init {
@@ -171,6 +174,7 @@ impl Context {
                 push_constant_bytes,
                 zero_init,
                 pin_subgroups,
+                physical.robust_buffers,
             )?,
             pool: Arc::new(Mutex::new(Pool::default())),
             recording_pools: RecordingPools::default(),

@@ -37,6 +37,9 @@ pub(crate) struct Physical {
     /// kernels on every run despite its shader cache, as wgpu, which also uses the driver's
     /// zeroing, does not).
     pub(crate) zero_initializes_workgroup_memory: bool,
+    /// Whether the device offers `robustBufferAccess`: reads and writes past a binding stay
+    /// inside its buffer, so kernels need no bounds checks of their own on buffers.
+    pub(crate) robust_buffers: bool,
     /// Tensor cores the shared `coop` matmul kernel can use ([`tensor_cores`]).
     pub(crate) tensor_cores: bool,
     /// Whether cooperative-matrix kernels are pinned to full subgroups of 32 through
@@ -124,6 +127,8 @@ fn usable(
         return None;
     }
     let (v11, v12) = features(instance, pd);
+    // SAFETY: as above.
+    let core = unsafe { instance.get_physical_device_features(pd) };
     let zero_initializes_workgroup_memory =
         has(ZERO_INITIALIZE_WORKGROUP_MEMORY) && zero_initialize_feature(instance, pd);
     let size_control = has(SUBGROUP_SIZE_CONTROL) && subgroup_size_control_features(instance, pd);
@@ -146,6 +151,7 @@ fn usable(
         timestamp_bits: families[queue_family].timestamp_valid_bits,
         cpu: props.device_type == vk::PhysicalDeviceType::CPU,
         zero_initializes_workgroup_memory,
+        robust_buffers: core.robust_buffer_access == vk::TRUE,
         tensor_cores,
         pin_subgroups: tensor_cores && size_control,
     })

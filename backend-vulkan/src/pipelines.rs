@@ -55,6 +55,10 @@ pub(crate) struct Pipelines {
     /// Whether kernels on cooperative matrices ask for full subgroups of
     /// [`COOPERATIVE_SUBGROUP`] (the device may pick other sizes, or offers the control).
     pin_subgroups: bool,
+    /// How kernels check their buffer indices: not at all where the device was opened with
+    /// `robustBufferAccess` (it keeps every access inside its buffer; naga's clamps cost the
+    /// H100 a quarter of its f16 matmul throughput), else clamped by naga.
+    buffer_checks: BoundsCheckPolicy,
 }
 
 /// The subgroup size the cooperative-matrix kernels are written for.
@@ -78,6 +82,7 @@ impl Pipelines {
         push_constant_bytes: u32,
         driver_zeroes_workgroup_memory: bool,
         pin_subgroups: bool,
+        robust_buffers: bool,
     ) -> Result<Pipelines> {
         let set_layout = |info: &vk::DescriptorSetLayoutCreateInfo| {
             // SAFETY: the device is valid; `info` lives through the call.
@@ -95,6 +100,11 @@ impl Pipelines {
         let driver_cache = DriverCache::open(shared, props)?;
         Ok(Pipelines {
             pin_subgroups,
+            buffer_checks: if robust_buffers {
+                BoundsCheckPolicy::Unchecked
+            } else {
+                BoundsCheckPolicy::Restrict
+            },
             cache: PipelineCache::default(),
             driver_cache,
             zero_initialize: if driver_zeroes_workgroup_memory {
@@ -190,7 +200,8 @@ impl Pipelines {
     }
 
     fn build(&self, key: &str, bindings: usize, immediate: bool, src: &str) -> Result<Pipeline> {
-        let (words, writes) = to_spirv(key, src, bindings, self.zero_initialize)?;
+        let (words, writes) =
+            to_spirv(key, src, bindings, self.zero_initialize, self.buffer_checks)?;
         let layout = self.layouts.layout(bindings, immediate)?;
         let shared = &self.layouts.shared;
         let device = &shared.device;
@@ -268,6 +279,7 @@ fn to_spirv(
     src: &str,
     bindings: usize,
     zero_initialize: spv::ZeroInitializeWorkgroupMemoryMode,
+    buffer_checks: BoundsCheckPolicy,
 ) -> Result<(Vec<u32>, Vec<bool>)> {
     let compile_error = |log: String| {
         let numbered: Vec<String> = src
@@ -292,7 +304,7 @@ fn to_spirv(
         flags: spv::WriterFlags::empty(),
         bounds_check_policies: BoundsCheckPolicies {
             index: BoundsCheckPolicy::Restrict,
-            buffer: BoundsCheckPolicy::Restrict,
+            buffer: buffer_checks,
             image_load: BoundsCheckPolicy::Restrict,
             binding_array: BoundsCheckPolicy::Unchecked,
         },

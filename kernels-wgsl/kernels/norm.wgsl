@@ -4,6 +4,17 @@
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
+// A short row (at most 4 x WG elements, held in registers): thread `lid`'s four elements, which
+// of them exist, and their indices clamped into the row (loads stay in it).
+struct Short { j: vec4<u32>, live: vec4<bool>, at: vec4<u32> }
+fn short_row(lid: u32, n: u32) -> Short {
+    let j = vec4<u32>(lid, lid + WG, lid + 2u * WG, lid + 3u * WG);
+    return Short(j, j < vec4<u32>(n), min(j, vec4<u32>(max(n, 1u) - 1u)));
+}
+fn ld1x4(base: u32, at: vec4<u32>) -> vec4<f32> { return vec4<f32>(ld1(base + at.x), ld1(base + at.y), ld1(base + at.z), ld1(base + at.w)); }
+fn ld2x4(base: u32, at: vec4<u32>) -> vec4<f32> { return vec4<f32>(ld2(base + at.x), ld2(base + at.y), ld2(base + at.z), ld2(base + at.w)); }
+fn ld3x4(base: u32, at: vec4<u32>) -> vec4<f32> { return vec4<f32>(ld3(base + at.x), ld3(base + at.y), ld3(base + at.z), ld3(base + at.w)); }
+
 // @kernel layer_norm
 // Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.
 @compute @workgroup_size(256)
@@ -62,15 +73,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     SUBGROUP_ENTER
     let rows = params.rows;
     let n = params.row_len;
-    let last = max(n, 1u) - 1u;
+    let e = short_row(lid, n);
+    let j = e.j;
+    let live = e.live;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
-        let x0 = o(1u) + row * n;
-        let j = vec4<u32>(lid, lid + WG, lid + 2u * WG, lid + 3u * WG);
-        let live = j < vec4<u32>(n);
-        let at = min(j, vec4<u32>(last));
-        let x = select(vec4<f32>(0.0), vec4<f32>(ld1(x0 + at.x), ld1(x0 + at.y), ld1(x0 + at.z), ld1(x0 + at.w)), live);
-        let w = vec4<f32>(ld2(o(2u) + at.x), ld2(o(2u) + at.y), ld2(o(2u) + at.z), ld2(o(2u) + at.w));
-        let b = vec4<f32>(ld3(o(3u) + at.x), ld3(o(3u) + at.y), ld3(o(3u) + at.z), ld3(o(3u) + at.w));
+        let x = select(vec4<f32>(0.0), ld1x4(o(1u) + row * n, e.at), live);
+        let w = ld2x4(o(2u), e.at);
+        let b = ld3x4(o(3u), e.at);
         let mean = wg_sum(((x.x + x.y) + x.z) + x.w, lid) / f32(n);
         let d = select(vec4<f32>(0.0), x - mean, live);
         let rstd = 1.0 / sqrt(wg_sum(((d.x * d.x + d.y * d.y) + d.z * d.z) + d.w * d.w, lid) / f32(n) + params.eps);
@@ -94,14 +103,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     SUBGROUP_ENTER
     let rows = params.rows;
     let n = params.row_len;
-    let last = max(n, 1u) - 1u;
+    let e = short_row(lid, n);
+    let j = e.j;
+    let live = e.live;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
-        let x0 = o(1u) + row * n;
-        let j = vec4<u32>(lid, lid + WG, lid + 2u * WG, lid + 3u * WG);
-        let live = j < vec4<u32>(n);
-        let at = min(j, vec4<u32>(last));
-        let x = select(vec4<f32>(0.0), vec4<f32>(ld1(x0 + at.x), ld1(x0 + at.y), ld1(x0 + at.z), ld1(x0 + at.w)), live);
-        let w = vec4<f32>(ld2(o(2u) + at.x), ld2(o(2u) + at.y), ld2(o(2u) + at.z), ld2(o(2u) + at.w));
+        let x = select(vec4<f32>(0.0), ld1x4(o(1u) + row * n, e.at), live);
+        let w = ld2x4(o(2u), e.at);
         let rstd = 1.0 / sqrt(wg_sum(((x.x * x.x + x.y * x.y) + x.z * x.z) + x.w * x.w, lid) / f32(n) + params.eps);
         let y = x * rstd * w;
         let y0 = o(3u) + row * n;

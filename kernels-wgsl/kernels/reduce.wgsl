@@ -58,6 +58,26 @@ fn best_in_group(v: f32, i: u32, lid: u32) -> Best {
     return best;
 }
 
+// The best of `start` and the elements r0, r0 + WG, ... below `end` of the run at `base` with
+// stride `rs`, for argmax: four loads issued together per step.
+fn best_in_run(start: Best, base: u32, rs: u32, r0: u32, end: u32) -> Best {
+    var bv = start.v;
+    var bi = start.i;
+    var r = r0;
+    for (; r + 3u * WG < end; r += 4u * WG) {
+        let x = run4(base, rs, r);
+        if (better(bv, bi, x.x, r)) { bv = x.x; bi = r; }
+        if (better(bv, bi, x.y, r + WG)) { bv = x.y; bi = r + WG; }
+        if (better(bv, bi, x.z, r + 2u * WG)) { bv = x.z; bi = r + 2u * WG; }
+        if (better(bv, bi, x.w, r + 3u * WG)) { bv = x.w; bi = r + 3u * WG; }
+    }
+    for (; r < end; r += WG) {
+        let v = ld1(base + r * rs);
+        if (better(bv, bi, v, r)) { bv = v; bi = r; }
+    }
+    return Best(bv, bi);
+}
+
 // Whether (v2, i2) beats (v1, i1) for argmax: larger, NaN largest, first index on ties.
 fn better(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
     let n1 = is_nan(v1);
@@ -135,25 +155,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let nout = params.rows;
     let nred = params.row_len;
     for (var o = group_index(wid, nwg); o < nout; o += group_count(nwg)) {
-        var bv = ld1(in_at(o, 0u));
-        var bi = 0u;
-        var r = lid;
+        var mine = Best(ld1(in_at(o, 0u)), 0u);
         if (params.reduced_rank == 1u) {
-            let base = in_at(o, 0u);
-            let rs = run_stride();
-            for (; r + 3u * WG < nred; r += 4u * WG) {
-                let x = run4(base, rs, r);
-                if (better(bv, bi, x.x, r)) { bv = x.x; bi = r; }
-                if (better(bv, bi, x.y, r + WG)) { bv = x.y; bi = r + WG; }
-                if (better(bv, bi, x.z, r + 2u * WG)) { bv = x.z; bi = r + 2u * WG; }
-                if (better(bv, bi, x.w, r + 3u * WG)) { bv = x.w; bi = r + 3u * WG; }
+            mine = best_in_run(mine, in_at(o, 0u), run_stride(), lid, nred);
+        } else {
+            for (var r = lid; r < nred; r += WG) {
+                let v = ld1(in_at(o, r));
+                if (better(mine.v, mine.i, v, r)) { mine = Best(v, r); }
             }
         }
-        for (; r < nred; r += WG) {
-            let v = ld1(in_at(o, r));
-            if (better(bv, bi, v, r)) { bv = v; bi = r; }
-        }
-        let best = best_in_group(bv, bi, lid);
+        let best = best_in_group(mine.v, mine.i, lid);
         if (lid == 0u) {
             stn2(params.offsets[1] + o, i32(best.i + params.first));
         }
@@ -174,21 +185,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let rs = run_stride();
         let first = (t % chunks) * span;
         let end = min(first + span, nred);
-        var bv = ld1(base + first * rs);
-        var bi = first;
-        var r = first + lid;
-        for (; r + 3u * WG < end; r += 4u * WG) {
-            let x = run4(base, rs, r);
-            if (better(bv, bi, x.x, r)) { bv = x.x; bi = r; }
-            if (better(bv, bi, x.y, r + WG)) { bv = x.y; bi = r + WG; }
-            if (better(bv, bi, x.z, r + 2u * WG)) { bv = x.z; bi = r + 2u * WG; }
-            if (better(bv, bi, x.w, r + 3u * WG)) { bv = x.w; bi = r + 3u * WG; }
-        }
-        for (; r < end; r += WG) {
-            let v = ld1(base + r * rs);
-            if (better(bv, bi, v, r)) { bv = v; bi = r; }
-        }
-        let best = best_in_group(bv, bi, lid);
+        let mine = best_in_run(Best(ld1(base + first * rs), first), base, rs, first + lid, end);
+        let best = best_in_group(mine.v, mine.i, lid);
         if (lid == 0u) {
             stn3(params.offsets[2] + 2u * t, bitcast<u32>(best.v));
             stn3(params.offsets[2] + 2u * t + 1u, best.i);

@@ -440,6 +440,9 @@ pub(crate) fn launch(
     } else {
         columns_lanes(n, k)
     };
+    // Whether the tensor-core kernel stages 16-byte vectors (its code is generated only when
+    // the kernel is compiled, as every variant's).
+    let mut coop_wide = false;
     let (section, variant, grid) = if few_rows && b_at == "along_k" && wide_rows(gpu, a, b) {
         // Two subgroups of 32 to a workgroup of 64; the kernel loops where subgroups are
         // narrower.
@@ -456,13 +459,9 @@ pub(crate) fn launch(
             "along_k" => k_dim,
             _ => other,
         };
-        let wide = wide_along(gpu, a, contiguous(a_at, r - 1, r - 2)).is_some()
+        coop_wide = wide_along(gpu, a, contiguous(a_at, r - 1, r - 2)).is_some()
             && wide_along(gpu, b, contiguous(b_at, r - 2, r - 1)).is_some();
-        if wide {
-            let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
-            subst.extend(coop_wide_staging_code(&a_at, &b_at));
-        }
-        let name = if wide { "coop_wide" } else { "coop" };
+        let name = if coop_wide { "coop_wide" } else { "coop" };
         ("coop", format!("{name}/{a_at}/{b_at}"), tile_grid)
     } else {
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
@@ -486,10 +485,11 @@ pub(crate) fn launch(
                 "rows" => subst.extend(few_rows_code(m, lanes)),
                 "rows_wide" => subst.extend(wide_rows_code(m, a_dtype)),
                 "columns" => subst.extend(columns_code(m, lanes)),
-                // The wide variant's staging code is already in.
-                "coop" if !subst.iter().any(|(from, _)| *from == "STAGING") => {
-                    subst.extend(coop_staging_code())
+                "coop" if coop_wide => {
+                    let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
+                    subst.extend(coop_wide_staging_code(&a_at, &b_at));
                 }
+                "coop" => subst.extend(coop_staging_code()),
                 _ => {}
             }
             Ok(subst)

@@ -10,6 +10,7 @@ use tessera_core::memory::{Pool, RecordingPools};
 use tessera_core::{Buffer, DeviceInfo, Error, Features, Limits, Result};
 use tessera_wgsl::{device_dtypes, Caps, Dispatch, Gpu};
 
+use crate::bfloat16::{Bfloat16Features, SHADER_BFLOAT16};
 use crate::instance::{
     features, instance, Physical, COOPERATIVE_MATRIX, DEVICE_SETUP, REQUIRED_EXTENSIONS,
     SUBGROUP_SIZE_CONTROL, ZERO_INITIALIZE_WORKGROUP_MEMORY,
@@ -78,6 +79,8 @@ impl Context {
             .vulkan_memory_model_device_scope(tensor_cores);
         let mut coop_feature =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let bf16_tensor_cores = physical.bf16_tensor_cores;
+        let mut bf16_feature = Bfloat16Features::for_tensor_cores();
         let pin_subgroups = physical.pin_subgroups;
         let mut size_control_feature = vk::PhysicalDeviceSubgroupSizeControlFeatures::default()
             .subgroup_size_control(true)
@@ -97,6 +100,9 @@ impl Context {
         }
         if tensor_cores {
             extensions.push(COOPERATIVE_MATRIX.as_ptr());
+        }
+        if bf16_tensor_cores {
+            extensions.push(SHADER_BFLOAT16.as_ptr());
         }
         if pin_subgroups {
             extensions.push(SUBGROUP_SIZE_CONTROL.as_ptr());
@@ -121,6 +127,11 @@ impl Context {
         };
         let create = if pin_subgroups {
             create.push_next(&mut size_control_feature)
+        } else {
+            create
+        };
+        let create = if bf16_tensor_cores {
+            create.push_next(&mut bf16_feature)
         } else {
             create
         };
@@ -389,6 +400,7 @@ fn describe(
         limits,
         workgroup_memory: properties.limits.max_compute_shared_memory_size as usize,
         coop_f16: tensor_cores,
+        coop_bf16: tensor_cores && physical.bf16_tensor_cores,
         cpu: physical.cpu,
         immediate_words: push_constant_bytes as usize / 4,
         subgroups,

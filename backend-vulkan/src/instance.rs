@@ -10,6 +10,8 @@ use std::sync::{Mutex, OnceLock};
 
 use ash::vk;
 
+use crate::bfloat16::{Bfloat16Features, BFLOAT16, SHADER_BFLOAT16};
+
 /// Held while a logical device is created or destroyed.
 pub(crate) static DEVICE_SETUP: Mutex<()> = Mutex::new(());
 
@@ -42,6 +44,9 @@ pub(crate) struct Physical {
     pub(crate) robust_buffers: bool,
     /// Tensor cores the shared `coop` matmul kernel can use ([`tensor_cores`]).
     pub(crate) tensor_cores: bool,
+    /// Whether they also multiply bf16, which the kernel reaches through
+    /// `VK_KHR_shader_bfloat16` (`bfloat16.rs`).
+    pub(crate) bf16_tensor_cores: bool,
     /// Whether cooperative-matrix kernels are pinned to full subgroups of 32 through
     /// subgroup size control (`VK_EXT_subgroup_size_control`): needed where the device may
     /// pick another size (AMD's 32 or 64), and used wherever it is offered.
@@ -132,11 +137,16 @@ fn usable(
     let zero_initializes_workgroup_memory =
         has(ZERO_INITIALIZE_WORKGROUP_MEMORY) && zero_initialize_feature(instance, pd);
     let size_control = has(SUBGROUP_SIZE_CONTROL) && subgroup_size_control_features(instance, pd);
-    let tensor_cores = has(COOPERATIVE_MATRIX)
+    let cores = (has(COOPERATIVE_MATRIX)
         && v12.vulkan_memory_model == vk::TRUE
         && v12.vulkan_memory_model_device_scope == vk::TRUE
-        && v12.shader_float16 == vk::TRUE
-        && tensor_cores(entry, instance, pd, size_control);
+        && v12.shader_float16 == vk::TRUE)
+        .then(|| tensor_cores(entry, instance, pd, size_control));
+    let tensor_cores = cores.as_ref().is_some_and(|c| c.f16);
+    let bf16_tensor_cores = tensor_cores
+        && cores.is_some_and(|c| c.bf16)
+        && has(SHADER_BFLOAT16)
+        && bfloat16_features(instance, pd);
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -153,6 +163,7 @@ fn usable(
         zero_initializes_workgroup_memory,
         robust_buffers: core.robust_buffer_access == vk::TRUE,
         tensor_cores,
+        bf16_tensor_cores,
         pin_subgroups: tensor_cores && size_control,
     })
 }
@@ -174,17 +185,17 @@ fn subgroup_size_control_features(instance: &ash::Instance, pd: vk::PhysicalDevi
     control.subgroup_size_control == vk::TRUE && control.compute_full_subgroups == vk::TRUE
 }
 
-/// Whether `pd` multiplies 16x16x16 f16 cooperative matrices into f32 in subgroups of exactly
-/// 32 invocations: the shape the shared `coop` matmul kernel is written for (NVIDIA's tensor
-/// cores), as the wgpu backend checks it. With subgroup size control (`size_control`) 32 need
-/// only be among the sizes compute pipelines may ask for (the kernel's pipelines then pin
-/// it); without it, it must be the device's one size.
+/// Which of f16 and bf16 `pd` multiplies as 16x16x16 cooperative matrices into f32 in
+/// subgroups of exactly 32 invocations: the shape the shared `coop` matmul kernel is written
+/// for (NVIDIA's tensor cores), as the wgpu backend checks it. With subgroup size control
+/// (`size_control`) 32 need only be among the sizes compute pipelines may ask for (the
+/// kernel's pipelines then pin it); without it, it must be the device's one size.
 fn tensor_cores(
     entry: &ash::Entry,
     instance: &ash::Instance,
     pd: vk::PhysicalDevice,
     size_control: bool,
-) -> bool {
+) -> TensorCores {
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
     let mut range = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
     {
@@ -209,15 +220,37 @@ fn tensor_cores(
     // instance.
     let shapes =
         unsafe { coop.get_physical_device_cooperative_matrix_properties(pd) }.unwrap_or_default();
-    only_32
-        && shapes.iter().any(|c| {
-            (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
-                && c.a_type == vk::ComponentTypeKHR::FLOAT16
-                && c.b_type == vk::ComponentTypeKHR::FLOAT16
-                && c.c_type == vk::ComponentTypeKHR::FLOAT32
-                && c.result_type == vk::ComponentTypeKHR::FLOAT32
-                && c.scope == vk::ScopeKHR::SUBGROUP
-        })
+    let multiplies = |input: vk::ComponentTypeKHR| {
+        only_32
+            && shapes.iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                    && c.a_type == input
+                    && c.b_type == input
+                    && c.c_type == vk::ComponentTypeKHR::FLOAT32
+                    && c.result_type == vk::ComponentTypeKHR::FLOAT32
+                    && c.scope == vk::ScopeKHR::SUBGROUP
+            })
+    };
+    TensorCores {
+        f16: multiplies(vk::ComponentTypeKHR::FLOAT16),
+        bf16: multiplies(BFLOAT16),
+    }
+}
+
+/// The inputs a device's tensor cores take in the `coop` kernel's shape.
+struct TensorCores {
+    f16: bool,
+    bf16: bool,
+}
+
+/// Whether `pd` offers bfloat16 values and cooperative matrices of them in kernels.
+fn bfloat16_features(instance: &ash::Instance, pd: vk::PhysicalDevice) -> bool {
+    let mut bf16 = Bfloat16Features::default();
+    let mut all = vk::PhysicalDeviceFeatures2::default().push_next(&mut bf16);
+    // SAFETY: `pd` came from this instance and lists the extension (checked by the caller);
+    // the chain lives through the call.
+    unsafe { instance.get_physical_device_features2(pd, &mut all) };
+    bf16.shader_bfloat16_type == vk::TRUE && bf16.shader_bfloat16_cooperative_matrix == vk::TRUE
 }
 
 /// The extension that lets the driver zero workgroup memory (core in Vulkan 1.3, still listed).

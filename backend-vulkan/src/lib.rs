@@ -49,6 +49,7 @@
 //! cooperative-matrix tiles (`VK_NV_cooperative_matrix2`), a tensor-core matmul past 91
 //! TFLOP/s (the target is 300).
 
+mod bfloat16;
 mod context;
 mod device;
 mod driver_cache;

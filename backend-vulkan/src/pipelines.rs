@@ -17,8 +17,9 @@ use naga::back::spv;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use tessera_core::{Error, Result};
-use tessera_wgsl::PipelineCache;
+use tessera_wgsl::{PipelineCache, F16_IS_BF16};
 
+use crate::bfloat16::f16_as_bf16;
 use crate::driver_cache::DriverCache;
 use crate::memory::{lock, vk_err, Shared};
 
@@ -274,7 +275,7 @@ impl Drop for Layouts {
 
 /// WGSL to validated SPIR-V words, with whether the kernel may write each of its `bindings`
 /// data bindings.
-fn to_spirv(
+pub(crate) fn to_spirv(
     key: &str,
     src: &str,
     bindings: usize,
@@ -315,8 +316,11 @@ fn to_spirv(
         shader_stage: naga::ShaderStage::Compute,
         entry_point: "main".into(),
     };
-    let words = spv::write_vec(&module, &info, &options, Some(&pipeline))
+    let mut words = spv::write_vec(&module, &info, &options, Some(&pipeline))
         .map_err(|e| compile_error(format!("SPIR-V output: {e}")))?;
+    if src.contains(F16_IS_BF16) {
+        words = f16_as_bf16(&words).map_err(compile_error)?;
+    }
     Ok((words, written_bindings(&module, bindings)))
 }
 

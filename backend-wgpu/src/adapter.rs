@@ -184,6 +184,9 @@ impl Core {
             limits: info.limits.clone(),
             workgroup_memory: limits.max_compute_workgroup_storage_size as usize,
             coop_f16,
+            // wgpu takes WGSL (or SPIR-V only through an unsafe passthrough), so its f16 type
+            // cannot be re-encoded as bf16: bf16 matmuls run the plain kernels.
+            coop_bf16: false,
             cpu: ainfo.device_type == wgpu::DeviceType::Cpu,
             immediate_words,
             subgroups: subgroups && options.subgroups,

@@ -438,10 +438,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel coop
+ENCODING
 // f16 operands on the tensor cores (cooperative matrices, 16x16x16 f16 products summed in
-// f32), where the adapter offers them with subgroups of 32. A 256-thread workgroup computes a
-// 128x128 output tile; its eight subgroups each own a 64x32 block (4 x 2 accumulators). Per
-// step of 32 k the threads copy both operand tiles into workgroup memory through the strided
+// f32), where the adapter offers them with subgroups of 32; bf16 operands too where the
+// backend re-encodes the tiles' f16 type as bf16 (marked on the line above: F16_IS_BF16 in
+// gpu.rs; the tiles are only converted into from f32, stored, loaded and multiplied). A
+// 256-thread workgroup computes a 128x128 output tile; its eight subgroups each own a 64x32
+// block (4 x 2 accumulators). Per step of 32 k the threads copy both operand tiles into workgroup memory through the strided
 // loaders (zeros past the matrix, so edges and transposed or broadcast operands need nothing
 // special), then every subgroup multiplies from there. The next step's elements are fetched
 // into registers before the multiplications, so their latency hides behind them: sixteen

@@ -751,6 +751,7 @@ mod tests {
             },
             workgroup_memory: 32 << 10,
             coop_f16: false,
+            coop_bf16: false,
             cpu,
             immediate_words: 64,
             subgroups: true,

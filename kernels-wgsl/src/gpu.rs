@@ -16,6 +16,12 @@ pub(crate) struct Build {
     pub subgroups: bool,
 }
 
+/// Marks a kernel whose `f16` values are bf16 bits ([`Caps::coop_bf16`]). WGSL has no bf16
+/// type, so the tensor-core matmul holds its bf16 tiles as `f16`: it only converts f32 values
+/// into them, stores and loads them, and multiplies them on cooperative matrices, each of
+/// which means the same on bf16 once the backend re-encodes the type.
+pub const F16_IS_BF16: &str = "// @f16-is-bf16";
+
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub const WG: u64 = 256;
 
@@ -29,6 +35,10 @@ pub struct Caps {
     pub workgroup_memory: usize,
     /// Whether f16 matmuls run on cooperative matrices (tensor cores).
     pub coop_f16: bool,
+    /// Whether bf16 matmuls run on cooperative matrices: the same kernel, its tiles declared
+    /// `f16` and its source marked [`F16_IS_BF16`], for a backend that re-encodes the 16-bit
+    /// float type as bfloat16 where it compiles the kernel (Vulkan's SPIR-V).
+    pub coop_bf16: bool,
     /// Whether the device is a CPU driver (lavapipe): it compiles every kernel with LLVM at
     /// first use, so kernels prefer loops to unrolled code there.
     pub cpu: bool,
@@ -118,6 +128,10 @@ impl dyn Gpu + '_ {
 
     pub(crate) fn coop_f16(&self) -> bool {
         self.caps().coop_f16
+    }
+
+    pub(crate) fn coop_bf16(&self) -> bool {
+        self.caps().coop_bf16
     }
 
     pub(crate) fn workgroup_memory(&self) -> usize {

@@ -12,7 +12,7 @@
 use tessera_core::{merge_dims, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
 
 use crate::elementwise;
-use crate::gpu::{Gpu, Planner};
+use crate::gpu::{Gpu, Planner, F16_IS_BF16};
 use crate::params::param_block;
 use crate::source::{groups_for, key, run, run_grid, unsupported, wide_along, wide_helpers};
 use tessera_core::exec::split;
@@ -187,18 +187,24 @@ fn wide_rows_code(m: usize, dtype: DType) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The tensor-core kernel's staging code where both operands read as 16-byte vectors of
-/// eight halves along their contiguous dimension (`a_at`, `b_at`: `coop_k` or `coop_mn`):
+/// The tensor-core kernel's staging code where both operands (of `dtype`, f16 or bf16) read as
+/// 16-byte vectors of eight halves along their contiguous dimension (`a_at`, `b_at`: `coop_k` or `coop_mn`):
 /// each thread's two vectors of each operand per step, and the functions that fetch them
 /// (zeros past the matrix: the contiguous extent is a whole number of vectors) and spread
 /// their halves over the staged tiles.
-fn coop_wide_staging_code(a_at: &str, b_at: &str) -> Vec<(&'static str, String)> {
+fn coop_wide_staging_code(a_at: &str, b_at: &str, dtype: DType) -> Vec<(&'static str, String)> {
+    // Half `e` of a vector as f32, then as a tile element (f16, or bf16 under F16_IS_BF16:
+    // the conversion then rounds to bf16, exact for values that were bf16).
+    let value = |word: &str, e: usize| match (dtype, e % 2) {
+        (DType::BF16, 0) => format!("bitcast<f32>(x.{word} << 16u)"),
+        (DType::BF16, _) => format!("bitcast<f32>(x.{word} & 0xffff0000u)"),
+        (_, half) => format!("unpack2x16float(x.{word}).{}", ["x", "y"][half]),
+    };
     let halves = |store: &dyn Fn(usize) -> String| {
         (0..8)
             .map(|e| {
                 let word = ["x", "y", "z", "w"][e / 2];
-                let half = ["x", "y"][e % 2];
-                format!("{} = f16(unpack2x16float(x.{word}).{half});\n", store(e))
+                format!("{} = f16({});\n", store(e), value(word, e))
             })
             .collect::<String>()
     };
@@ -254,6 +260,12 @@ fn coop_wide_staging_code(a_at: &str, b_at: &str) -> Vec<(&'static str, String)>
                 .to_string(),
         ),
     ]
+}
+
+/// Marks a tensor-core kernel on bf16 operands ([`F16_IS_BF16`]).
+fn coop_encoding(dtype: DType) -> (&'static str, String) {
+    let marker = if dtype == DType::BF16 { F16_IS_BF16 } else { "" };
+    ("ENCODING", marker.to_string())
 }
 
 /// The tensor-core kernel's staging code: each thread's sixteen elements of each operand per
@@ -417,7 +429,12 @@ pub(crate) fn launch(
         ("B_AT", b_at.to_string()),
     ];
     let few_rows = m <= MAX_FEW_ROWS;
-    let tensor_cores = gpu.coop_f16() && a.dtype == DType::F16 && b.dtype == DType::F16;
+    let tensor_cores = a.dtype == b.dtype
+        && match a.dtype {
+            DType::F16 => gpu.coop_f16(),
+            DType::BF16 => gpu.coop_bf16(),
+            _ => false,
+        };
     let tile_grid = [
         gpu.dim(n.div_ceil(128)),
         gpu.dim(m.div_ceil(128)),
@@ -487,9 +504,13 @@ pub(crate) fn launch(
                 "columns" => subst.extend(columns_code(m, lanes)),
                 "coop" if coop_wide => {
                     let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
-                    subst.extend(coop_wide_staging_code(&a_at, &b_at));
+                    subst.extend(coop_wide_staging_code(&a_at, &b_at, a_dtype));
+                    subst.push(coop_encoding(a_dtype));
                 }
-                "coop" => subst.extend(coop_staging_code()),
+                "coop" => {
+                    subst.extend(coop_staging_code());
+                    subst.push(coop_encoding(a_dtype));
+                }
                 _ => {}
             }
             Ok(subst)
@@ -941,50 +962,60 @@ mod tests {
     /// so its WGSL is at least checked everywhere: parsed and validated as the device would.
     #[test]
     fn the_tensor_core_kernel_is_valid_wgsl() {
-        let f16 = |output| (DType::F16, output);
         let every = Op::Matmul {
             bias: true,
             activation: Some(UnaryOp::Gelu),
             residual: true,
         };
         let every = Epilogue::of(&every).expect("a matmul epilogue");
-        for (a_at, b_at, epilogue, bindings) in [
-            (
-                "coop_k",
-                "coop_mn",
-                "",
-                vec![f16(false), f16(false), f16(true)],
-            ),
-            (
-                "coop_mn",
-                "coop_k",
-                every.code.as_str(),
-                vec![f16(false), f16(false), f16(false), f16(false), f16(true)],
-            ),
-        ] {
-            let store = format!("st{}", bindings.len());
-            let subst = [
-                ("EPILOGUE", epilogue.to_string()),
-                ("STORE", store),
-                ("A_AT", a_at.to_string()),
-                ("B_AT", b_at.to_string()),
-            ];
-            let build = Build {
-                immediate_words: Some(64),
-                subgroups: true,
-            };
-            for wide in [false, true] {
-                let mut subst = subst.to_vec();
-                if wide {
-                    subst.extend(coop_wide_staging_code(a_at, b_at));
-                } else {
-                    subst.extend(coop_staging_code());
-                }
-                let src = source(SRC, "coop", &bindings, &subst, build, &MatmulParams::wgsl());
-                assert_eq!(src.contains("array<vec4<u32>>"), wide);
-                let what = format!("coop wide {wide} {a_at} {b_at} {epilogue:?}");
-                crate::source::assert_valid(&src, &what);
+        for dtype in [DType::F16, DType::BF16] {
+            let io = |output| (dtype, output);
+            for (a_at, b_at, epilogue, bindings) in [
+                ("coop_k", "coop_mn", "", vec![io(false), io(false), io(true)]),
+                (
+                    "coop_mn",
+                    "coop_k",
+                    every.code.as_str(),
+                    vec![io(false), io(false), io(false), io(false), io(true)],
+                ),
+            ] {
+                check_tensor_core_kernel(dtype, a_at, b_at, epilogue, &bindings);
             }
+        }
+    }
+
+    /// Validates the tensor-core kernel on operands of `dtype` with both staging codes.
+    fn check_tensor_core_kernel(
+        dtype: DType,
+        a_at: &str,
+        b_at: &str,
+        epilogue: &str,
+        bindings: &[(DType, bool)],
+    ) {
+        let store = format!("st{}", bindings.len());
+        let subst = [
+            ("EPILOGUE", epilogue.to_string()),
+            ("STORE", store),
+            ("A_AT", a_at.to_string()),
+            ("B_AT", b_at.to_string()),
+        ];
+        let build = Build {
+            immediate_words: Some(64),
+            subgroups: true,
+        };
+        for wide in [false, true] {
+            let mut subst = subst.to_vec();
+            if wide {
+                subst.extend(coop_wide_staging_code(a_at, b_at, dtype));
+            } else {
+                subst.extend(coop_staging_code());
+            }
+            subst.push(coop_encoding(dtype));
+            let src = source(SRC, "coop", bindings, &subst, build, &MatmulParams::wgsl());
+            assert_eq!(src.contains("array<vec4<u32>>"), wide);
+            assert_eq!(src.contains(F16_IS_BF16), dtype == DType::BF16);
+            let what = format!("coop {dtype:?} wide {wide} {a_at} {b_at} {epilogue:?}");
+            crate::source::assert_valid(&src, &what);
         }
     }
 

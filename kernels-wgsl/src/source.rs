@@ -215,7 +215,8 @@ pub(crate) fn source(
     let body = section_of(family, section);
     let has = |dtype: DType| bindings.iter().any(|&(d, _)| d == dtype);
     let mut src = String::new();
-    if has(DType::F16) {
+    // The tensor-core kernel's tiles are f16 whatever its bindings hold.
+    if has(DType::F16) || body.contains("coop_mat") {
         src += "enable f16;\n";
     }
     if body.contains("coop_mat") {

@@ -74,7 +74,8 @@ pub(crate) fn f16_as_bf16(words: &[u32]) -> Result<Vec<u32>, String> {
     let mut bf16 = HashSet::new();
     let mut matrices = false;
     for inst in &mut module.types_global_values {
-        let half = inst.class.opcode == Op::TypeFloat && inst.operands == [Operand::LiteralBit32(16)];
+        let half =
+            inst.class.opcode == Op::TypeFloat && inst.operands == [Operand::LiteralBit32(16)];
         if half {
             inst.operands
                 .push(Operand::FPEncoding(FPEncoding::BFloat16KHR));

@@ -3,10 +3,15 @@
 //! A kernel takes its data bindings as a push descriptor set (set 1, bindings from 1, as the
 //! WGSL declares them) and its parameters as push constants where the device has room for its
 //! block; a larger block comes from the batch's parameter buffer, bound as set 0 at a dynamic
-//! offset (`params.rs`). Set 0 is an empty layout for kernels with push constants. naga validates each module
-//! before the driver sees it, and writes it with the options wgpu's Vulkan backend uses
-//! (indices and buffer accesses clamped into bounds, workgroup memory zeroed), so a kernel
-//! behaves alike on both backends. The driver's compiled pipelines are kept on disk between runs
+//! offset (`params.rs`). Set 0 is an empty layout for kernels with push constants.
+//!
+//! naga validates each module before the driver sees it, and writes it with the options
+//! wgpu's Vulkan backend uses (indices and buffer accesses clamped into bounds, workgroup
+//! memory zeroed), so a kernel behaves alike on both backends, with two exceptions: buffer
+//! accesses are left to the driver where it keeps them in bounds (`robustBufferAccess`), and
+//! indices are not clamped in kernels marked as keeping them in range by construction
+//! (`INDICES_IN_RANGE`). A kernel marked `F16_IS_BF16` gets its 16-bit float type re-encoded
+//! as bfloat16 (`bfloat16.rs`). The driver's compiled pipelines are kept on disk between runs
 //! (`driver_cache.rs`).
 
 use std::collections::HashMap;
@@ -17,7 +22,7 @@ use naga::back::spv;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use tessera_core::{Error, Result};
-use tessera_wgsl::{PipelineCache, F16_IS_BF16};
+use tessera_wgsl::{PipelineCache, F16_IS_BF16, INDICES_IN_RANGE};
 
 use crate::bfloat16::f16_as_bf16;
 use crate::driver_cache::DriverCache;
@@ -304,7 +309,12 @@ pub(crate) fn to_spirv(
         lang_version: (1, 5),
         flags: spv::WriterFlags::empty(),
         bounds_check_policies: BoundsCheckPolicies {
-            index: BoundsCheckPolicy::Restrict,
+            // A kernel that keeps its indices in range by construction needs no clamps.
+            index: if src.contains(INDICES_IN_RANGE) {
+                BoundsCheckPolicy::Unchecked
+            } else {
+                BoundsCheckPolicy::Restrict
+            },
             buffer: buffer_checks,
             image_load: BoundsCheckPolicy::Restrict,
             binding_array: BoundsCheckPolicy::Unchecked,

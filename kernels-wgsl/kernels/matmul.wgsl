@@ -439,32 +439,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 // @kernel coop
 ENCODING
+// @indices-in-range
 // f16 operands on the tensor cores (cooperative matrices, 16x16x16 f16 products summed in
 // f32), where the adapter offers them with subgroups of 32; bf16 operands too where the
-// backend re-encodes the tiles' f16 type as bf16 (marked on the line above: F16_IS_BF16 in
-// gpu.rs; the tiles are only converted into from f32, stored, loaded and multiplied). A
-// 256-thread workgroup computes a 128x128 output tile; its eight subgroups each own a 64x32
-// block (4 x 2 accumulators). Per step of 32 k the threads copy both operand tiles into workgroup memory through the strided
-// loaders (zeros past the matrix, so edges and transposed or broadcast operands need nothing
-// special), then every subgroup multiplies from there. The next step's elements are fetched
-// into registers before the multiplications, so their latency hides behind them: sixteen
-// elements of each operand per thread, in named variables (generated, matmul.rs) so that the
-// loads issue together and nothing is indexed dynamically; where both operands read as 16-byte
-// vectors along their contiguous dimension, two vectors of each per thread instead (their
-// fetch and stash functions generated). Each
-// accumulator is finished through a 16x16 f32 staging tile of its subgroup and the shared
-// epilogue `put`. Products meet in a fixed order, so results are deterministic.
-const CK: u32 = 32u;
+// backend re-encodes the tiles' f16 type as bf16 (marked on the first line: F16_IS_BF16 in
+// gpu.rs; the tiles are only converted into from f32, stored, loaded and multiplied).
+//
+// A 256-thread workgroup computes a 128x128 output tile; its eight subgroups each own a 64x32
+// block (4 x 2 accumulators). Per step of CK k the threads copy both operand tiles into
+// workgroup memory through the strided loaders (zeros past the matrix, so edges and
+// transposed or broadcast operands need nothing special), then every subgroup multiplies from
+// there. The next step's elements are fetched into registers before the multiplications, so
+// their latency hides behind them: CK / 2 elements of each operand per thread, in named
+// variables (generated, matmul.rs) so that the loads issue together and nothing is indexed
+// dynamically; where both operands read as 16-byte vectors along their contiguous dimension,
+// CK / 16 vectors of each per thread instead (their fetch and stash functions generated).
+// Each accumulator is finished through a 16x16 f32 staging tile of its subgroup and the
+// shared epilogue `put`. Products meet in a fixed order, so results are deterministic.
+//
+// Every index into the workgroup arrays is in range by construction (marked on the second
+// line: INDICES_IN_RANGE in gpu.rs), so a backend may leave out naga's clamps, which cost
+// the H100 a quarter of this kernel's speed. The indices depend only on builtins and
+// constants, never on sizes or data: element e < 256 * CK / 2 of a tile is at row e / CK < 128
+// and k e % CK (`coop_k`), or row e % 128 and k e / 128 < CK (`coop_mn`); vector v < 256 *
+// CK / 16 at row v / (CK / 8) < 128, or row 8 * (v % 16) + 7 < 128 and k v / 16 < CK; the
+// fragments' rows rm + 48 + 15 < 128 and columns rn + 16 + 15 < 128, k kk + 15 < CK; a
+// subgroup's staging tile at 256 * sg < 2048 (eight subgroups of 32), element e < 256.
+// Parameter arrays are indexed below `batch_rank`, at most their length (the planner merges
+// batch dimensions or refuses the op).
+const CK: u32 = COOP_STEP;
 // Row strides of the staged tiles, padded by 8 halves against bank conflicts.
-const LDA: u32 = 40u;
+const LDA: u32 = CK + 8u;
 const LDB: u32 = 136u;
-var<workgroup> ca: array<f16, 5120>;
-var<workgroup> cb: array<f16, 4352>;
+var<workgroup> ca: array<f16, 128u * LDA>;
+var<workgroup> cb: array<f16, CK * LDB>;
 var<workgroup> cout: array<f32, 2048>;
 
 // Element `e` of a 128 x 32 tile as (row or column, k): consecutive `e` walk k (`coop_k`) or
 // the rows or columns (`coop_mn`).
-fn coop_k(e: u32) -> vec2<u32> { return vec2<u32>(e / 32u, e % 32u); }
+fn coop_k(e: u32) -> vec2<u32> { return vec2<u32>(e / CK, e % CK); }
 fn coop_mn(e: u32) -> vec2<u32> { return vec2<u32>(e % 128u, e / 128u); }
 
 // Element `e` of the step at `k0` of `a` (`b`), zero outside the matrix. The address is

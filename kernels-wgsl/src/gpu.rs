@@ -22,6 +22,11 @@ pub(crate) struct Build {
 /// which means the same on bf16 once the backend re-encodes the type.
 pub const F16_IS_BF16: &str = "// @f16-is-bf16";
 
+/// Marks a kernel whose every index into a workgroup, private or parameter array is in range
+/// by construction: bounded by its workgroup's builtins and constants, or by parameters the
+/// planner checked, never by data. A backend may compile it without index clamps.
+pub const INDICES_IN_RANGE: &str = "// @indices-in-range";
+
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub const WG: u64 = 256;
 

@@ -46,5 +46,5 @@ mod source;
 
 pub use cache::PipelineCache;
 pub use dispatch::{check_supported, launch};
-pub use gpu::{device_dtypes, Binding, Caps, Dispatch, Gpu, F16_IS_BF16, WG};
+pub use gpu::{device_dtypes, Binding, Caps, Dispatch, Gpu, F16_IS_BF16, INDICES_IN_RANGE, WG};
 pub use kernel::WgslKernel;

@@ -181,6 +181,12 @@ fn put4(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, v: vec4<f32>
 }
 
 // @kernel matmul
+// @indices-in-range
+// Every workgroup index is in range by construction (INDICES_IN_RANGE in gpu.rs): the loads'
+// rows or columns are below 128 and their k below TK (`along_k`, `along_mn` and the wide
+// loaders' functions of `lid` < 256), the reads' rows tr + 16 and columns tc + 16 below 32;
+// parameter arrays are indexed below `batch_rank`, at most their length.
+STAGING
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let m = params.m;
@@ -195,8 +201,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tiles_n = (n + 127u) / 128u;
     let tr = lid / 16u;
     let tc = lid % 16u;
-    let at_a = array<vec2<u32>, 4>(A_AT(lid, 0u), A_AT(lid, 1u), A_AT(lid, 2u), A_AT(lid, 3u));
-    let at_b = array<vec2<u32>, 4>(B_AT(lid, 0u), B_AT(lid, 1u), B_AT(lid, 2u), B_AT(lid, 3u));
     // z runs over (batch, split): split s takes k from s * kc on, and with S > 1 the output
     // is the partial sums [batch, S, M, N].
     for (var z = wid.z; z < batch * splits; z += nwg.z) {
@@ -213,27 +217,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var tx = wid.x; tx < tiles_n; tx += nwg.x) {
                 let m0 = ty * 128u;
                 let n0 = tx * 128u;
-                let fa = feed(at_a, m0, m, a_base, sam);
-                let fb = feed(at_b, n0, n, b_base, sbn);
+                FEED
                 if (steps > 0u) {
-                    stash_a(fa, 0u, fetch_a(fa, 0u, k, sak));
-                    stash_b(fb, 0u, fetch_b(fb, 0u, k, sbk));
+                    let k0 = 0u;
+                    FETCH
+                    STASH0
                 }
                 workgroupBarrier();
                 var acc: Acc;
                 for (var s = 0u; s < steps; s += 2u) {
-                    let xa = fetch_a(fa, (s + 1u) * TK, k, sak);
-                    let xb = fetch_b(fb, (s + 1u) * TK, k, sbk);
-                    step(&acc, 0u, tr, tc);
-                    stash_a(fa, 1u, xa);
-                    stash_b(fb, 1u, xb);
+                    {
+                        let k0 = (s + 1u) * TK;
+                        FETCH
+                        step(&acc, 0u, tr, tc);
+                        STASH1
+                    }
                     workgroupBarrier();
                     if (s + 1u < steps) {
-                        let ya = fetch_a(fa, (s + 2u) * TK, k, sak);
-                        let yb = fetch_b(fb, (s + 2u) * TK, k, sbk);
+                        let k0 = (s + 2u) * TK;
+                        FETCH
                         step(&acc, 1u, tr, tc);
-                        stash_a(fa, 0u, ya);
-                        stash_b(fb, 0u, yb);
+                        STASH0
                         workgroupBarrier();
                     }
                 }

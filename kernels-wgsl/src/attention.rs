@@ -11,6 +11,7 @@
 
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
+use crate::attention_products;
 use crate::gpu::Gpu;
 use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{groups_for, key, no_subst, run, unsupported, wide_along, wide_helpers};
@@ -228,6 +229,9 @@ pub(crate) fn launch(
                     return Ok(());
                 }
                 return launch("forward", outputs, query_blocks);
+            }
+            if attention_products::backward(gpu, inputs, outputs, s[0], causal)? {
+                return Ok(());
             }
             let scratch = gpu.scratch(rows * 4)?;
             let layout = Layout::contiguous(&[rows]);

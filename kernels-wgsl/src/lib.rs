@@ -28,6 +28,7 @@
 //! and bool masks; arithmetic is f32 and 16-bit results round once, to nearest even.
 
 mod attention;
+mod attention_products;
 mod cache;
 mod conv;
 mod dispatch;

@@ -524,16 +524,19 @@ fn finish(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, m: u32, n: u32, gm0: u
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let m = params.m;
     let n = params.n;
-    let k = params.k;
     let batch = params.batch;
+    let splits = params.splits;
     let tiles_m = (m + 127u) / 128u;
     let tiles_n = (n + 127u) / 128u;
     let rm = (sg / 4u) * 64u;
     let rn = (sg % 4u) * 32u;
-    for (var z = wid.z; z < batch; z += nwg.z) {
-        let zo = batch_offsets(z);
-        let a_base = params.a_offset + zo.x;
-        let b_base = params.b_offset + zo.y;
+    // z runs over (batch, split) as in the tiled kernel: split s takes k from s * kc on.
+    for (var z = wid.z; z < batch * splits; z += nwg.z) {
+        let ks = (z % splits) * params.k_per_split;
+        let k = min(params.k_per_split, params.k - ks);
+        let zo = batch_offsets(z / splits);
+        let a_base = params.a_offset + zo.x + ks * params.a_k_stride;
+        let b_base = params.b_offset + zo.y + ks * params.b_k_stride;
         let r_base = params.res_offset + zo.z;
         let o_base = params.out_offset + z * m * n;
         for (var ty = wid.y; ty < tiles_m; ty += nwg.y) {

@@ -1,13 +1,15 @@
 //! Batched matmul with bias, activation and residual epilogues: one register-blocked tiled
 //! kernel reading every operand in place through its strides. Each operand's tile loader walks
 //! the operand's dimension with the smaller stride (k, or rows / columns), chosen here per
-//! launch, so global reads coalesce for plain and transposed layouts alike. f16 matmuls run on
-//! cooperative matrices (tensor cores) where the adapter offers them; matmuls of at most
+//! launch, so global reads coalesce for plain and transposed layouts alike; f32 operands in
+//! whole 16-byte vectors are read as such. f16 and bf16 matmuls run on cooperative matrices
+//! (tensor cores) where the device offers them for the dtype; matmuls of at most
 //! [`MAX_FEW_ROWS`] rows run one of two few-rows kernels whose threads split K instead (`rows`
 //! for a `b` contiguous in k, `columns` for one contiguous in its columns: a `[1, 36] x
 //! [36, 1M]` convolution product took 24 s on lavapipe in 128 x 128 tiles). When few output
-//! tiles meet a long K (weight gradients), the tiled kernel splits K over workgroups into
-//! partial sums that a second kernel adds in order, so results stay deterministic.
+//! tiles meet a long K (weight gradients), the tiled and tensor-core kernels split K over
+//! workgroups into partial sums that a second kernel adds in order, so results stay
+//! deterministic.
 
 use tessera_core::{merge_dims, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
 
@@ -579,11 +581,9 @@ pub(crate) fn launch(
     } else {
         columns_lanes(n, k)
     };
-    // Whether the tensor-core kernel stages 16-byte vectors (its code is generated only when
-    // the kernel is compiled, as every variant's).
-    let mut coop_wide = false;
-    // Whether the tiled kernel reads 16-byte vectors.
-    let mut tiled_wide = false;
+    // The kernel over output tiles, if it runs (its code is generated only when the kernel
+    // is compiled, as every variant's).
+    let mut tiles = None;
     let (section, variant, grid) = if few_rows && b_at == "along_k" && wide_rows(gpu, a, b) {
         // Two subgroups of 32 to a workgroup of 64; the kernel loops where subgroups are
         // narrower.
@@ -593,29 +593,29 @@ pub(crate) fn launch(
         let grid = [gpu.dim(n.div_ceil(256 / lanes)), 1, gpu.dim(batch)];
         let section = if b_at == "along_k" { "rows" } else { "columns" };
         (section, format!("{section}{m}x{lanes}"), grid)
-    } else if tensor_cores {
-        subst[2].1 = a_at.replace("along", "coop");
-        subst[3].1 = b_at.replace("along", "coop");
-        coop_wide = both_wide(gpu, a, b, a_at, b_at);
-        let name = if coop_wide { "coop_wide" } else { "coop" };
-        ("coop", format!("{name}/{a_at}/{b_at}"), tile_grid)
     } else {
-        tiled_wide =
-            a.dtype == DType::F32 && b.dtype == DType::F32 && both_wide(gpu, a, b, a_at, b_at);
+        if tensor_cores {
+            subst[2].1 = a_at.replace("along", "coop");
+            subst[3].1 = b_at.replace("along", "coop");
+        }
+        let f32_operands = a.dtype == DType::F32 && b.dtype == DType::F32;
+        let kernel = Tiles {
+            grid: tile_grid,
+            coop: tensor_cores,
+            wide: (tensor_cores || f32_operands) && both_wide(gpu, a, b, a_at, b_at),
+            dtype: a_dtype,
+        };
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
         let (splits, k_per_split) = split_k(tile_count, k);
         let partial_bytes = 4 * batch * splits * m * n;
         if splits > 1 && partial_bytes as u64 <= gpu.max_binding() {
             problem.splits = splits;
             problem.k_per_split = k_per_split;
-            let tiles = Tiles {
-                grid: tile_grid,
-                wide: tiled_wide,
-            };
-            return launch_split(gpu, op, outputs, subst, &problem, tiles, partial_bytes);
+            return launch_split(gpu, op, outputs, subst, &problem, kernel, partial_bytes);
         }
-        let name = if tiled_wide { "tiled_wide" } else { "tiled128" };
-        ("matmul", format!("{name}/{a_at}/{b_at}"), tile_grid)
+        tiles = Some(kernel);
+        let variant = format!("{}/{a_at}/{b_at}", kernel.name());
+        (kernel.section(), variant, tile_grid)
     };
     let grid = if m * n * batch == 0 { [0, 0, 0] } else { grid };
     run_grid(
@@ -628,17 +628,10 @@ pub(crate) fn launch(
                 "rows" => subst.extend(few_rows_code(m, lanes)),
                 "rows_wide" => subst.extend(wide_rows_code(m, a_dtype)),
                 "columns" => subst.extend(columns_code(m, lanes)),
-                "coop" if coop_wide => {
-                    let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
-                    subst.extend(coop_wide_staging_code(&a_at, &b_at, a_dtype));
-                    subst.extend(coop_constants(a_dtype));
-                }
-                "coop" => {
-                    subst.extend(coop_staging_code());
-                    subst.extend(coop_constants(a_dtype));
-                }
-                "matmul" => subst.extend(tiled_staging_code(a_at, b_at, tiled_wide)),
                 _ => {}
+            }
+            if let Some(kernel) = tiles {
+                kernel.code(&mut subst);
             }
             Ok(subst)
         },
@@ -649,11 +642,48 @@ pub(crate) fn launch(
     )
 }
 
-/// The tiled kernel's grid of 128x128 output tiles, and whether it reads 16-byte vectors.
+/// A kernel over 128x128 output tiles: the tensor-core kernel (`coop`) or the tiled one, each
+/// staging 16-byte vectors where both operands allow (`wide`), over its grid of tiles.
 #[derive(Clone, Copy)]
 struct Tiles {
     grid: [u32; 3],
+    coop: bool,
     wide: bool,
+    /// The operands' dtype (the tensor-core kernel's tiles hold it).
+    dtype: DType,
+}
+
+impl Tiles {
+    fn section(self) -> &'static str {
+        if self.coop {
+            "coop"
+        } else {
+            "matmul"
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match (self.coop, self.wide) {
+            (true, true) => "coop_wide",
+            (true, false) => "coop",
+            (false, true) => "tiled_wide",
+            (false, false) => "tiled128",
+        }
+    }
+
+    /// Adds the kernel's generated code to `subst`, whose third and fourth entries say how
+    /// the operands are laid out (`A_AT`, `B_AT`).
+    fn code(self, subst: &mut Vec<(&'static str, String)>) {
+        let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
+        match (self.coop, self.wide) {
+            (true, true) => subst.extend(coop_wide_staging_code(&a_at, &b_at, self.dtype)),
+            (true, false) => subst.extend(coop_staging_code()),
+            (false, wide) => subst.extend(tiled_staging_code(&a_at, &b_at, wide)),
+        }
+        if self.coop {
+            subst.extend(coop_constants(self.dtype));
+        }
+    }
 }
 
 /// Output tiles fewer than this leave SMs idle on large GPUs: the tiled kernel then splits K.
@@ -672,8 +702,8 @@ fn split_k(tiles: usize, k: usize) -> (usize, usize) {
     (k.div_ceil(k_per_split), k_per_split)
 }
 
-/// The tiled kernel over K in `problem.splits` parts into f32 partial sums, then
-/// `sum_splits` adding them in order and applying the epilogue.
+/// The tiled or tensor-core kernel (`tiles`) over K in `problem.splits` parts into f32
+/// partial sums, then `sum_splits` adding them in order and applying the epilogue.
 fn launch_split(
     gpu: &dyn Gpu,
     op: &Op,
@@ -694,8 +724,7 @@ fn launch_split(
     let raw = [("EPILOGUE", String::new()), ("STORE", "st3".to_string())];
     let mut split_subst = subst.clone();
     split_subst[..2].clone_from_slice(&raw);
-    let name = if tiles.wide { "tiled_wide" } else { "tiled128" };
-    let variant = format!("{name}/{}/{}/split", subst[2].1, subst[3].1);
+    let variant = format!("{}/{}/{}/split", tiles.name(), subst[2].1, subst[3].1);
     let tile_grid = tiles.grid;
     let parts = Problem {
         inputs: &inputs[..2],
@@ -707,10 +736,9 @@ fn launch_split(
         gpu,
         &key(&PLAIN, &inputs[..2], &[sums], &variant),
         SRC,
-        "matmul",
+        tiles.section(),
         move || {
-            let (a_at, b_at) = (split_subst[2].1.clone(), split_subst[3].1.clone());
-            split_subst.extend(tiled_staging_code(&a_at, &b_at, tiles.wide));
+            tiles.code(&mut split_subst);
             Ok(split_subst)
         },
         &inputs[..2],

@@ -326,8 +326,12 @@ pub(crate) fn to_spirv(
         shader_stage: naga::ShaderStage::Compute,
         entry_point: "main".into(),
     };
-    let mut words = spv::write_vec(&module, &info, &options, Some(&pipeline))
-        .map_err(|e| compile_error(format!("SPIR-V output: {e}")))?;
+    // naga's writer has panicked on valid modules (a cooperative store whose index was
+    // computed inline): a kernel it cannot write fails to compile, and the process goes on.
+    let written =
+        std::panic::catch_unwind(|| spv::write_vec(&module, &info, &options, Some(&pipeline)))
+            .map_err(|_| compile_error("naga's SPIR-V writer panicked on this kernel".into()))?;
+    let mut words = written.map_err(|e| compile_error(format!("SPIR-V output: {e}")))?;
     if src.contains(F16_IS_BF16) {
         words = f16_as_bf16(&words).map_err(compile_error)?;
     }

@@ -12,41 +12,66 @@ fn seen(i: u32) -> u32 {
     return min(params.k_len, i + params.k_len + 1u - params.q_len);
 }
 
+// `v` as two values of the bindings' dtype: rounded, and what the rounding left out.
+fn parts(v: f32) -> vec2<f32> {
+    let hi = ROUNDED;
+    return vec2<f32>(hi, v - hi);
+}
+
+// (P_ij, dP_ij) of key `j` of the row whose S and dP start at `s0` and `d0`; zeros past the
+// `visible` keys.
+fn prob(s0: u32, d0: u32, j: u32, visible: u32, lse: f32) -> vec2<f32> {
+    if (j >= visible) { return vec2<f32>(0.0); }
+    return vec2<f32>(exp(params.scale * ld1(s0 + j) - lse), ld2(d0 + j));
+}
+
+// Stores the parts of P_ij and dS_ij = scale P_ij (dP_ij - delta_i) of key `j` of `row`.
+fn put_parts(row: u32, j: u32, x: vec2<f32>, delta: f32) {
+    if (j >= params.k_len) { return; }
+    let e = row * params.k_len + j;
+    let p = parts(x.x);
+    let ds = parts(params.scale * x.x * (x.y - delta));
+    KEEP_PARTS
+}
+
 // @kernel scores_grad
-// Bindings: 1 S, 2 dP, 3 lse, 4 and 5 P's parts, 6 and 7 dS's. A workgroup per row:
+// Bindings: 1 S, 2 dP, 3 lse, 4 and 5 P's parts, 6 and 7 dS's (f32: 4 P, 5 dS, whole). A
+// workgroup per row:
 // P_ij = exp(scale S_ij - lse_i) for the visible keys (0 past them, and for a row that sees
 // none: lse = -inf), then delta_i = sum_j P_ij dP_ij (in f32, as the fused kernels form it for
 // 16-bit outputs) and dS_ij = scale P_ij (dP_ij - delta_i), the gradient of the unscaled
-// scores. Each is stored as two parts of the bindings' dtype: the value rounded, then what the
-// rounding left out (read back from the first).
+// scores, each stored in two parts (`parts`) where the dtype is 16-bit. Rows of up to 4 * WG keys are read once, held
+// in registers; longer ones twice.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
     let tk = params.k_len;
     let rows = params.batch * params.heads * params.q_len;
-    let scale = params.scale;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let lse = ld3(o(3u) + row);
         let visible = select(seen(row % params.q_len), 0u, lse == -inf());
         let s0 = o(1u) + row * tk;
         let d0 = o(2u) + row * tk;
-        var part = 0.0;
-        for (var j = lid; j < visible; j += WG) {
-            part += exp(scale * ld1(s0 + j) - lse) * ld2(d0 + j);
-        }
-        let delta = wg_sum(part, lid);
-        for (var j = lid; j < tk; j += WG) {
-            var p = 0.0;
-            var ds = 0.0;
-            if (j < visible) {
-                p = exp(scale * ld1(s0 + j) - lse);
-                ds = scale * p * (ld2(d0 + j) - delta);
+        if (tk <= 4u * WG) {
+            let x0 = prob(s0, d0, lid, visible, lse);
+            let x1 = prob(s0, d0, lid + WG, visible, lse);
+            let x2 = prob(s0, d0, lid + 2u * WG, visible, lse);
+            let x3 = prob(s0, d0, lid + 3u * WG, visible, lse);
+            let delta = wg_sum(x0.x * x0.y + x1.x * x1.y + x2.x * x2.y + x3.x * x3.y, lid);
+            put_parts(row, lid, x0, delta);
+            put_parts(row, lid + WG, x1, delta);
+            put_parts(row, lid + 2u * WG, x2, delta);
+            put_parts(row, lid + 3u * WG, x3, delta);
+        } else {
+            var part = 0.0;
+            for (var j = lid; j < visible; j += WG) {
+                let x = prob(s0, d0, j, visible, lse);
+                part += x.x * x.y;
             }
-            let e = row * tk + j;
-            st4(o(4u) + e, p);
-            st5(o(5u) + e, p - ld4(o(4u) + e));
-            st6(o(6u) + e, ds);
-            st7(o(7u) + e, ds - ld6(o(6u) + e));
+            let delta = wg_sum(part, lid);
+            for (var j = lid; j < tk; j += WG) {
+                put_parts(row, j, prob(s0, d0, j, visible, lse), delta);
+            }
         }
     }
 }

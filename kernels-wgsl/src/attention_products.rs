@@ -1,29 +1,32 @@
-//! Attention's backward on tensor cores. Where the device multiplies the operands' dtype on
-//! cooperative matrices, the gradients are five batched products of the matmul kernels around
-//! one row pass (`kernels/scores.wgsl`), instead of the fused kernels of `attention.rs`, which
-//! compute every product on the vector units:
+//! Attention's backward as products. Where the device multiplies the operands' dtype on
+//! cooperative matrices (f16, bf16), or for f32 on a GPU, the gradients are five batched
+//! products of the matmul kernels (tensor-core or tiled) around one row pass
+//! (`kernels/scores.wgsl`), instead of the fused kernels of `attention.rs`, which compute every
+//! product one thread per row:
 //!
 //! 1. `S = q k^T` and `dP = dout v^T`, in f32;
 //! 2. per score row, `P = exp(scale S - lse)` where the key is visible, `delta = sum_j P dP`
-//!    and `dS = scale P (dP - delta)`, each as the sum of two values of the operands' dtype
-//!    (`hi`, rounded, and `lo`, what rounding left out: 16 significant bits in bf16, 22 in
-//!    f16), since the tensor cores take only that dtype;
-//! 3. `dv = P^T dout`, `dq = dS k` and `dk = dS^T q`, each the `lo` product added to the `hi`
-//!    product (f32) in the matmul's epilogue.
+//!    and `dS = scale P (dP - delta)`; for 16-bit operands each as the sum of two values of
+//!    their dtype (`hi`, rounded, and `lo`, what rounding left out: 16 significant bits in
+//!    bf16, 22 in f16), since the tensor cores take only that dtype;
+//! 3. `dv = P^T dout`, `dq = dS k` and `dk = dS^T q`; for 16-bit operands each the `lo`
+//!    product added to the `hi` product (f32) in the matmul's epilogue.
 //!
 //! Rounding `P` and `dS` once to 16 bits, as flash attention does, is not enough: a gradient
 //! that is a small sum of larger terms then misses the catalog's tolerance by several times
 //! (measured on the H100). Grouped query heads share a key head: its `dk` and `dv` are one
 //! product over the rows of all its query heads, so they sum in a fixed order, as every
-//! product here does. The T x T intermediates take 16 bytes a score (S and dP in f32, the
-//! parts of P and dS in 16 bits): attention whose intermediates would not fit one binding each
-//! runs the fused kernels.
+//! product here does. The T x T intermediates take 16 bytes a score (S and dP in f32, P and
+//! dS in f32 or as 16-bit parts): attention whose intermediates would not fit one binding each
+//! runs the fused kernels, as do CPU drivers (lavapipe), where the fused kernels are faster.
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::attention::AttentionParams;
 use crate::gpu::Gpu;
 use crate::matmul::{self, PLAIN};
+use crate::params::offsets;
+use crate::source::{key, run};
 
 /// A product with a residual added in its epilogue.
 const WITH_RESIDUAL: Op = Op::Matmul {
@@ -31,14 +34,11 @@ const WITH_RESIDUAL: Op = Op::Matmul {
     activation: None,
     residual: true,
 };
-use crate::params::offsets;
-use crate::source::{key, no_subst, run};
 
 const SRC: &str = include_str!("../kernels/scores.wgsl");
 
 /// Runs attention's backward (`inputs`: q, k, v, out, lse, dout; `outputs`: dq, dk, dv) as
-/// products on tensor cores; `Ok(false)`, having run nothing, where the device or the tensors
-/// do not allow it.
+/// products; `Ok(false)`, having run nothing, where the device or the tensors do not allow it.
 pub(crate) fn backward(
     gpu: &dyn Gpu,
     inputs: &[TensorRef<'_>],
@@ -48,9 +48,10 @@ pub(crate) fn backward(
 ) -> Result<bool> {
     let (q, k, v, lse, dout) = (&inputs[0], &inputs[1], &inputs[2], &inputs[4], &inputs[5]);
     let dtype = q.dtype;
-    let tensor_cores = match dtype {
+    let products = match dtype {
         DType::F16 => gpu.coop_f16(),
         DType::BF16 => gpu.coop_bf16(),
+        DType::F32 => !gpu.is_cpu(),
         _ => false,
     };
     let [b, hq, tq, d] = q.layout.shape[..] else {
@@ -66,7 +67,7 @@ pub(crate) fn backward(
         .chain(&inputs[5..])
         .all(|t| t.dtype == dtype)
         && outputs.iter().all(|t| t.dtype == dtype);
-    if !tensor_cores
+    if !products
         || !contiguous
         || !same_dtype
         || scores == 0
@@ -80,13 +81,12 @@ pub(crate) fn backward(
     }
     let g = hq / hkv;
     let f32_scores = [gpu.scratch(4 * scores)?, gpu.scratch(4 * scores)?];
-    let half = dtype.size() * scores;
-    let half_scores = [
-        gpu.scratch(half)?,
-        gpu.scratch(half)?,
-        gpu.scratch(half)?,
-        gpu.scratch(half)?,
-    ];
+    // f32 gradients take P and dS whole; 16-bit ones in two parts each.
+    let split = dtype != DType::F32;
+    let part_bytes = dtype.size() * scores;
+    let parts = (0..if split { 4 } else { 2 })
+        .map(|_| gpu.scratch(part_bytes))
+        .collect::<Result<Vec<_>>>()?;
     // Contiguous query-side tensors starting at `offset` as [B, Hkv, G, rows, cols], or with
     // each key head's query rows as one, [B, Hkv, G * rows, cols]; key-side ones broadcast
     // over G.
@@ -108,19 +108,21 @@ pub(crate) fn backward(
     let product = |a: TensorRef<'_>, b: TensorRef<'_>, out: TensorRef<'_>| {
         matmul::launch(gpu, &PLAIN, &[a, b], &[out])
     };
-    // out = a_lo b + (a_hi b), the latter in f32.
-    let split_product =
-        |a_hi: TensorRef<'_>, a_lo: TensorRef<'_>, b: TensorRef<'_>, out: TensorRef<'_>| {
-            let high = gpu.scratch(4 * out.layout.numel())?;
-            let high_layout = at(&out.layout.shape, 0);
-            let high = TensorRef {
-                buffer: &high,
-                layout: &high_layout,
-                dtype: DType::F32,
-            };
-            product(a_hi, b, high)?;
-            matmul::launch(gpu, &WITH_RESIDUAL, &[a_lo, b, high], &[out])
+    // out = a b for `a` whole, else a_lo b + (a_hi b), the latter in f32.
+    let grad_product = |a: &[TensorRef<'_>], b: TensorRef<'_>, out: TensorRef<'_>| {
+        let [a_hi, a_lo] = a[..] else {
+            return product(a[0], b, out);
         };
+        let high = gpu.scratch(4 * out.layout.numel())?;
+        let high_layout = at(&out.layout.shape, 0);
+        let high = TensorRef {
+            buffer: &high,
+            layout: &high_layout,
+            dtype: DType::F32,
+        };
+        product(a_hi, b, high)?;
+        matmul::launch(gpu, &WITH_RESIDUAL, &[a_lo, b, high], &[out])
+    };
     let score_layout = grouped(tq, tk, 0);
     let scores_t = transposed(&folded(tq, tk, 0));
     let [s, dp] = [0, 1].map(|i| TensorRef {
@@ -128,11 +130,15 @@ pub(crate) fn backward(
         layout: &score_layout,
         dtype: DType::F32,
     });
-    let [p_hi, p_lo, ds_hi, ds_lo] = [0, 1, 2, 3].map(|i| TensorRef {
-        buffer: &half_scores[i],
-        layout: &score_layout,
-        dtype,
-    });
+    let part_refs: Vec<TensorRef<'_>> = parts
+        .iter()
+        .map(|buffer| TensorRef {
+            buffer,
+            layout: &score_layout,
+            dtype,
+        })
+        .collect();
+    let (p, ds) = part_refs.split_at(part_refs.len() / 2);
     let q_grouped = grouped(tq, d, q.layout.offset);
     let dout_grouped = grouped(tq, dv, dout.layout.offset);
     let (k_t, v_t) = (per_query_head(k, true), per_query_head(v, true));
@@ -141,16 +147,16 @@ pub(crate) fn backward(
     let rows = b * hq * tq;
     let u = |v: usize| v as u32;
     let lse_rows = at(&[rows], lse.layout.offset);
-    let (ins, outs) = ([s, dp, view(lse, &lse_rows)], [p_hi, p_lo, ds_hi, ds_lo]);
+    let ins = [s, dp, view(lse, &lse_rows)];
     let shared_op = Op::AttentionBackward { causal: false };
     run(
         gpu,
-        &key(&shared_op, &ins, &outs, "scores_grad"),
+        &key(&shared_op, &ins, &part_refs, "scores_grad"),
         SRC,
         "scores_grad",
-        no_subst,
+        || Ok(row_pass_code(dtype)),
         &ins,
-        &outs,
+        &part_refs,
         rows as u64,
         |o| AttentionParams {
             batch: u(b),
@@ -171,14 +177,32 @@ pub(crate) fn backward(
     let k_rows = per_query_head(k, false);
     let dq_grouped = grouped(tq, d, outputs[0].layout.offset);
     let dout_folded = view(dout, &dout_folded);
-    let [p_hi_t, p_lo_t, ds_hi_t, ds_lo_t] =
-        [&p_hi, &p_lo, &ds_hi, &ds_lo].map(|part| view(part, &scores_t));
-    split_product(p_hi_t, p_lo_t, dout_folded, outputs[2])?;
+    let p_t: Vec<_> = p.iter().map(|part| view(part, &scores_t)).collect();
+    let ds_t: Vec<_> = ds.iter().map(|part| view(part, &scores_t)).collect();
+    grad_product(&p_t, dout_folded, outputs[2])?;
     let (k_rows, dq) = (view(k, &k_rows), view(&outputs[0], &dq_grouped));
-    split_product(ds_hi, ds_lo, k_rows, dq)?;
-    split_product(ds_hi_t, ds_lo_t, view(q, &q_folded), outputs[1])?;
+    grad_product(ds, k_rows, dq)?;
+    grad_product(&ds_t, view(q, &q_folded), outputs[1])?;
     Ok(true)
 }
+
+/// The row pass's code for gradients of `dtype`: how it rounds f32 `v` to the dtype (the
+/// bindings' helpers for a 16-bit one are there), and the parts it keeps: both for 16-bit
+/// dtypes, the first (all of it) for f32.
+fn row_pass_code(dtype: DType) -> Vec<(&'static str, String)> {
+    let (rounded, keep) = match dtype {
+        DType::BF16 => ("bitcast<f32>(bf16_bits(v) << 16u)", SPLIT_PARTS),
+        DType::F16 => ("f32(to_f16(v))", SPLIT_PARTS),
+        _ => ("v", WHOLE),
+    };
+    vec![("ROUNDED", rounded.into()), ("KEEP_PARTS", keep.into())]
+}
+
+/// Stores of both parts of P (bindings 4, 5) and of dS (6, 7).
+const SPLIT_PARTS: &str = "st4(o(4u) + e, p.x);\nst5(o(5u) + e, p.y);\n\
+                           st6(o(6u) + e, ds.x);\nst7(o(7u) + e, ds.y);\n";
+/// Stores of P (binding 4) and dS (5) whole.
+const WHOLE: &str = "st4(o(4u) + e, p.x);\nst5(o(5u) + e, ds.x);\n";
 
 /// `t`'s data seen through `layout`.
 fn view<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
@@ -196,4 +220,33 @@ fn transposed(l: &Layout) -> Layout {
     t.shape.swap(r - 1, r - 2);
     t.strides.swap(r - 1, r - 2);
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Build;
+    use crate::params::ParamBlock;
+    use crate::source::source;
+
+    /// The row pass runs only on devices with tensor cores (not lavapipe), so its WGSL is at
+    /// least checked everywhere, for each dtype it writes, with and without subgroups.
+    #[test]
+    fn the_row_pass_is_valid_wgsl() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for subgroups in [false, true] {
+                let mut bindings = vec![(DType::F32, false); 3];
+                let parts = if dtype == DType::F32 { 2 } else { 4 };
+                bindings.extend(vec![(dtype, true); parts]);
+                let subst = row_pass_code(dtype);
+                let build = Build {
+                    immediate_words: Some(64),
+                    subgroups,
+                };
+                let params = AttentionParams::wgsl();
+                let src = source(SRC, "scores_grad", &bindings, &subst, build, &params);
+                crate::source::assert_valid(&src, &format!("scores_grad {dtype:?}"));
+            }
+        }
+    }
 }

@@ -438,9 +438,11 @@ pub(crate) fn groups_for(n: usize) -> u64 {
 /// naga's validation with every capability a device may offer (subgroups included).
 #[cfg(test)]
 pub(crate) fn assert_valid(src: &str, what: &str) {
+    use naga::back::spv;
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
-    naga::valid::Validator::new(
+    let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
     )
@@ -448,4 +450,23 @@ pub(crate) fn assert_valid(src: &str, what: &str) {
     .subgroup_operations(naga::valid::SubgroupOperationSet::all())
     .validate(&module)
     .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(src)));
+    // naga's SPIR-V writer (Vulkan's path, and wgpu's) under both bounds policies the
+    // backends use: it has panicked on modules that validate.
+    for policy in [BoundsCheckPolicy::Restrict, BoundsCheckPolicy::Unchecked] {
+        let options = spv::Options {
+            lang_version: (1, 5),
+            bounds_check_policies: BoundsCheckPolicies {
+                index: policy,
+                buffer: policy,
+                ..BoundsCheckPolicies::default()
+            },
+            ..spv::Options::default()
+        };
+        let pipeline = spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: "main".into(),
+        };
+        spv::write_vec(&module, &info, &options, Some(&pipeline))
+            .unwrap_or_else(|e| panic!("{what}: SPIR-V output: {e}"));
+    }
 }

@@ -510,9 +510,6 @@ fn put_b(e: u32, v: f16) {
 }
 
 STAGING
-// Where the output is f32 with no epilogue (generated, matmul.rs), an accumulator of a tile
-// inside the matrix is stored straight into it, not through the staging tile.
-WRITE_DIRECT
 // Writes accumulator (i, j) of subgroup `sg` through its staging tile.
 fn finish(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, m: u32, n: u32, gm0: u32, gn0: u32, r_base: u32, o_base: u32) {
     workgroupBarrier();
@@ -586,17 +583,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 }
                 let gm = m0 + rm;
                 let gn = n0 + rn;
-                if (DIRECT_OUT && m0 + 128u <= m && n0 + 128u <= n) {
-                    store_direct(c00, o_base, n, gm, gn);
-                    store_direct(c01, o_base, n, gm, gn + 16u);
-                    store_direct(c10, o_base, n, gm + 16u, gn);
-                    store_direct(c11, o_base, n, gm + 16u, gn + 16u);
-                    store_direct(c20, o_base, n, gm + 32u, gn);
-                    store_direct(c21, o_base, n, gm + 32u, gn + 16u);
-                    store_direct(c30, o_base, n, gm + 48u, gn);
-                    store_direct(c31, o_base, n, gm + 48u, gn + 16u);
-                    continue;
-                }
                 finish(c00, sg, lane, m, n, gm, gn, r_base, o_base);
                 finish(c01, sg, lane, m, n, gm, gn + 16u, r_base, o_base);
                 finish(c10, sg, lane, m, n, gm + 16u, gn, r_base, o_base);

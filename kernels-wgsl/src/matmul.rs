@@ -379,28 +379,6 @@ fn both_wide(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>, a_at: &str, b_
 /// its staged tiles then take 44 of the 48 KiB of workgroup memory Vulkan devices offer.
 const COOP_STEP: usize = 64;
 
-/// Whether the tensor-core kernel stores its accumulators straight into an f32 output with
-/// no epilogue (`direct`), and the function that does it. Products with f32 outputs and
-/// short K (attention's scores) spent most of their time finishing through the staging tile.
-fn coop_direct_stores(direct: bool) -> [(&'static str, String); 2] {
-    // The index is bound first: naga 30's SPIR-V writer panics on a store whose pointer
-    // indexes with an expression of the function's arguments.
-    let body = if direct {
-        "let e = o_base + gm * n + gn; coopStoreT(acc, &b3[e], n);"
-    } else {
-        ""
-    };
-    [
-        ("DIRECT_OUT", direct.to_string()),
-        (
-            "WRITE_DIRECT",
-            format!(
-                "fn store_direct(acc: coop_mat16x16<f32, C>, o_base: u32, n: u32, gm: u32, gn: u32) {{ {body} }}\n"
-            ),
-        ),
-    ]
-}
-
 /// The tensor-core kernel's k per step, and its marker on bf16 operands ([`F16_IS_BF16`]).
 fn coop_constants(dtype: DType) -> [(&'static str, String); 2] {
     let marker = if dtype == DType::BF16 {
@@ -626,7 +604,6 @@ pub(crate) fn launch(
             coop: tensor_cores,
             wide: (tensor_cores || f32_operands) && both_wide(gpu, a, b, a_at, b_at),
             dtype: a_dtype,
-            f32_out: outputs[0].dtype == DType::F32,
         };
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
         let (splits, k_per_split) = split_k(tile_count, k);
@@ -634,10 +611,6 @@ pub(crate) fn launch(
         if splits > 1 && partial_bytes as u64 <= gpu.max_binding() {
             problem.splits = splits;
             problem.k_per_split = k_per_split;
-            let kernel = Tiles {
-                f32_out: true,
-                ..kernel
-            };
             return launch_split(gpu, op, outputs, subst, &problem, kernel, partial_bytes);
         }
         tiles = Some(kernel);
@@ -678,8 +651,6 @@ struct Tiles {
     wide: bool,
     /// The operands' dtype (the tensor-core kernel's tiles hold it).
     dtype: DType,
-    /// Whether the output (binding 3 where there is no epilogue) is f32.
-    f32_out: bool,
 }
 
 impl Tiles {
@@ -711,7 +682,6 @@ impl Tiles {
         }
         if self.coop {
             subst.extend(coop_constants(self.dtype));
-            subst.extend(coop_direct_stores(self.f32_out && subst[0].1.is_empty()));
         }
     }
 }
@@ -1200,7 +1170,6 @@ mod tests {
             immediate_words: Some(64),
             subgroups: true,
         };
-        let f32_out = bindings.last().is_some_and(|&(d, _)| d == DType::F32);
         for wide in [false, true] {
             let mut subst = subst.to_vec();
             let kernel = Tiles {
@@ -1208,13 +1177,11 @@ mod tests {
                 coop: true,
                 wide,
                 dtype,
-                f32_out,
             };
             kernel.code(&mut subst);
             let src = source(SRC, "coop", bindings, &subst, build, &MatmulParams::wgsl());
             assert_eq!(src.contains("array<vec4<u32>>"), wide);
             assert_eq!(src.contains(F16_IS_BF16), dtype == DType::BF16);
-            assert_eq!(src.contains("coopStoreT(acc, &b3"), f32_out);
             assert!(src.contains(INDICES_IN_RANGE));
             let what = format!("coop {dtype:?} wide {wide} {a_at} {b_at} {epilogue:?}");
             crate::source::assert_valid(&src, &what);

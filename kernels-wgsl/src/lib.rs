@@ -16,7 +16,12 @@
 //!   dispatches: pipeline key, source, bindings, parameter words and grid ([`Dispatch`]);
 //! - the splits that depend on how these kernels compute an op (matmul along K, convolutions
 //!   over im2col columns, embedding over table rows); every other op past one binding splits
-//!   through core's [`tessera_core::exec::split`], which calls back here for each part.
+//!   through core's [`tessera_core::exec::split`], which calls back here for each part;
+//! - ops composed of other kernels where that is faster: attention's backward as matmul
+//!   products around a row pass on GPUs (`attention_products.rs`);
+//! - two markers a kernel's source may carry for the backend that compiles it:
+//!   [`INDICES_IN_RANGE`] (no index clamps needed) and [`F16_IS_BF16`] (its `f16` values are
+//!   bf16, for a backend that can re-encode the type: Vulkan).
 //!
 //! What it does not own: compiling, recording, submitting and synchronizing work, bind
 //! groups, memory, host copies, profiling. A backend implements [`Gpu`] (capabilities,

@@ -1,7 +1,7 @@
 // The row pass of attention's backward on tensor cores (attention_products.rs): between the
 // products S = q k^T, dP = dout v^T (f32, one row per query of every batch and head) and the
 // products of the gradients, it forms each row's probabilities and score gradients.
-// Parameters: `AttentionParams` (attention.rs).
+// Parameters: `ScoresParams` (attention_products.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
@@ -34,14 +34,20 @@ fn put_parts(row: u32, j: u32, x: vec2<f32>, delta: f32) {
     KEEP_PARTS
 }
 
+// Stores keys `j` (even) and `j + 1` of `row`, as whole words where the dtype packs two to a
+// word (generated, attention_products.rs).
+fn put_pair(row: u32, j: u32, x: vec2<f32>, y: vec2<f32>, delta: f32) {
+    PUT_PAIR
+}
+
 // @kernel scores_grad
 // Bindings: 1 S, 2 dP, 3 lse, 4 and 5 P's parts, 6 and 7 dS's (f32: 4 P, 5 dS, whole). A
-// workgroup per row:
-// P_ij = exp(scale S_ij - lse_i) for the visible keys (0 past them, and for a row that sees
-// none: lse = -inf), then delta_i = sum_j P_ij dP_ij (in f32, as the fused kernels form it for
-// 16-bit outputs) and dS_ij = scale P_ij (dP_ij - delta_i), the gradient of the unscaled
-// scores, each stored in two parts (`parts`) where the dtype is 16-bit. Rows of up to 4 * WG keys are read once, held
-// in registers; longer ones twice.
+// workgroup per row: P_ij = exp(scale S_ij - lse_i) for the visible keys (0 past them, and
+// for a row that sees none: lse = -inf), then delta_i = sum_j P_ij dP_ij (in f32, as the fused
+// kernels form it for 16-bit outputs) and dS_ij = scale P_ij (dP_ij - delta_i), the gradient
+// of the unscaled scores, each stored in two parts (`parts`) where the dtype is 16-bit. Each
+// thread takes pairs of adjacent keys; rows of up to 4 * WG keys are read once, held in
+// registers, longer ones twice.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
@@ -53,15 +59,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let s0 = o(1u) + row * tk;
         let d0 = o(2u) + row * tk;
         if (tk <= 4u * WG) {
-            let x0 = prob(s0, d0, lid, visible, lse);
-            let x1 = prob(s0, d0, lid + WG, visible, lse);
-            let x2 = prob(s0, d0, lid + 2u * WG, visible, lse);
-            let x3 = prob(s0, d0, lid + 3u * WG, visible, lse);
-            let delta = wg_sum(x0.x * x0.y + x1.x * x1.y + x2.x * x2.y + x3.x * x3.y, lid);
-            put_parts(row, lid, x0, delta);
-            put_parts(row, lid + WG, x1, delta);
-            put_parts(row, lid + 2u * WG, x2, delta);
-            put_parts(row, lid + 3u * WG, x3, delta);
+            let j0 = 2u * lid;
+            let j1 = j0 + 2u * WG;
+            let x0 = prob(s0, d0, j0, visible, lse);
+            let y0 = prob(s0, d0, j0 + 1u, visible, lse);
+            let x1 = prob(s0, d0, j1, visible, lse);
+            let y1 = prob(s0, d0, j1 + 1u, visible, lse);
+            let delta = wg_sum(x0.x * x0.y + y0.x * y0.y + x1.x * x1.y + y1.x * y1.y, lid);
+            put_pair(row, j0, x0, y0, delta);
+            put_pair(row, j1, x1, y1, delta);
         } else {
             var part = 0.0;
             for (var j = lid; j < visible; j += WG) {
@@ -69,8 +75,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 part += x.x * x.y;
             }
             let delta = wg_sum(part, lid);
-            for (var j = lid; j < tk; j += WG) {
-                put_parts(row, j, prob(s0, d0, j, visible, lse), delta);
+            for (var j = 2u * lid; j < tk; j += 2u * WG) {
+                let x = prob(s0, d0, j, visible, lse);
+                put_pair(row, j, x, prob(s0, d0, j + 1u, visible, lse), delta);
             }
         }
     }

@@ -22,10 +22,9 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
-use crate::attention::AttentionParams;
 use crate::gpu::Gpu;
 use crate::matmul::{self, PLAIN};
-use crate::params::offsets;
+use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{key, run};
 
 /// A product with a residual added in its epilogue.
@@ -36,6 +35,21 @@ const WITH_RESIDUAL: Op = Op::Matmul {
 };
 
 const SRC: &str = include_str!("../kernels/scores.wgsl");
+
+param_block! {
+    /// The row pass's parameters: `batch` x `heads` query heads of `q_len` rows over `k_len`
+    /// keys, whether the attention is `causal` (key j visible to query i when
+    /// j + q_len <= i + k_len), and the scores' `scale`.
+    ScoresParams {
+        batch: u32,
+        heads: u32,
+        q_len: u32,
+        k_len: u32,
+        causal: u32,
+        scale: f32,
+        offsets: [u32; MAX_BINDINGS],
+    }
+}
 
 /// Runs attention's backward (`inputs`: q, k, v, out, lse, dout; `outputs`: dq, dk, dv) as
 /// products; `Ok(false)`, having run nothing, where the device or the tensors do not allow it.
@@ -149,27 +163,24 @@ pub(crate) fn backward(
     let lse_rows = at(&[rows], lse.layout.offset);
     let ins = [s, dp, view(lse, &lse_rows)];
     let shared_op = Op::AttentionBackward { causal: false };
+    let variant = format!("scores_grad/{}", if tk % 2 == 0 { "even" } else { "odd" });
     run(
         gpu,
-        &key(&shared_op, &ins, &part_refs, "scores_grad"),
+        &key(&shared_op, &ins, &part_refs, &variant),
         SRC,
         "scores_grad",
-        || Ok(row_pass_code(dtype)),
+        || Ok(row_pass_code(dtype, tk)),
         &ins,
         &part_refs,
         rows as u64,
-        |o| AttentionParams {
+        |o| ScoresParams {
             batch: u(b),
             heads: u(hq),
-            kv_heads: u(hkv),
             q_len: u(tq),
             k_len: u(tk),
-            k_dim: u(d),
-            v_dim: u(dv),
             causal: u32::from(causal),
             scale: scale as f32,
             offsets: offsets(o),
-            ..AttentionParams::default()
         },
     )?;
     let dout_folded = folded(tq, dv, dout.layout.offset);
@@ -186,16 +197,27 @@ pub(crate) fn backward(
     Ok(true)
 }
 
-/// The row pass's code for gradients of `dtype`: how it rounds f32 `v` to the dtype (the
-/// bindings' helpers for a 16-bit one are there), and the parts it keeps: both for 16-bit
-/// dtypes, the first (all of it) for f32.
-fn row_pass_code(dtype: DType) -> Vec<(&'static str, String)> {
+/// The row pass's code for gradients of `dtype` over rows of `keys`: how it rounds f32 `v` to
+/// the dtype (the bindings' helpers for a 16-bit one are there), the parts it keeps (both for
+/// 16-bit dtypes, the first, all of it, for f32), and how a thread stores a pair of keys: bf16
+/// rows of an even length as whole words (one store each instead of two atomics per element,
+/// the scratch bindings starting at element 0), else key by key.
+fn row_pass_code(dtype: DType, keys: usize) -> Vec<(&'static str, String)> {
     let (rounded, keep) = match dtype {
         DType::BF16 => ("bitcast<f32>(bf16_bits(v) << 16u)", SPLIT_PARTS),
         DType::F16 => ("f32(to_f16(v))", SPLIT_PARTS),
         _ => ("v", WHOLE),
     };
-    vec![("ROUNDED", rounded.into()), ("KEEP_PARTS", keep.into())]
+    let pair = if dtype == DType::BF16 && keys.is_multiple_of(2) {
+        BF16_WORDS
+    } else {
+        "put_parts(row, j, x, delta);\nput_parts(row, j + 1u, y, delta);\n"
+    };
+    vec![
+        ("ROUNDED", rounded.into()),
+        ("KEEP_PARTS", keep.into()),
+        ("PUT_PAIR", pair.into()),
+    ]
 }
 
 /// Stores of both parts of P (bindings 4, 5) and of dS (6, 7).
@@ -203,6 +225,18 @@ const SPLIT_PARTS: &str = "st4(o(4u) + e, p.x);\nst5(o(5u) + e, p.y);\n\
                            st6(o(6u) + e, ds.x);\nst7(o(7u) + e, ds.y);\n";
 /// Stores of P (binding 4) and dS (5) whole.
 const WHOLE: &str = "st4(o(4u) + e, p.x);\nst5(o(5u) + e, ds.x);\n";
+/// A pair of bf16 keys' parts as whole words: key `j` in the low half, `j + 1` in the high.
+const BF16_WORDS: &str = "if (j + 1u >= params.k_len) { put_parts(row, j, x, delta); return; }
+let w = (row * params.k_len + j) / 2u;
+let p0 = parts(x.x);
+let p1 = parts(y.x);
+let d0 = parts(params.scale * x.x * (x.y - delta));
+let d1 = parts(params.scale * y.x * (y.y - delta));
+stw4(o(4u) / 2u + w, bf16_bits(p0.x) | (bf16_bits(p1.x) << 16u));
+stw5(o(5u) / 2u + w, bf16_bits(p0.y) | (bf16_bits(p1.y) << 16u));
+stw6(o(6u) / 2u + w, bf16_bits(d0.x) | (bf16_bits(d1.x) << 16u));
+stw7(o(7u) / 2u + w, bf16_bits(d0.y) | (bf16_bits(d1.y) << 16u));
+";
 
 /// `t`'s data seen through `layout`.
 fn view<'a>(t: &TensorRef<'a>, layout: &'a Layout) -> TensorRef<'a> {
@@ -238,14 +272,18 @@ mod tests {
                 let mut bindings = vec![(DType::F32, false); 3];
                 let parts = if dtype == DType::F32 { 2 } else { 4 };
                 bindings.extend(vec![(dtype, true); parts]);
-                let subst = row_pass_code(dtype);
-                let build = Build {
-                    immediate_words: Some(64),
-                    subgroups,
-                };
-                let params = AttentionParams::wgsl();
-                let src = source(SRC, "scores_grad", &bindings, &subst, build, &params);
-                crate::source::assert_valid(&src, &format!("scores_grad {dtype:?}"));
+                for keys in [63, 64] {
+                    let subst = row_pass_code(dtype, keys);
+                    let build = Build {
+                        immediate_words: Some(64),
+                        subgroups,
+                    };
+                    let params = ScoresParams::wgsl();
+                    let src = source(SRC, "scores_grad", &bindings, &subst, build, &params);
+                    let words = dtype == DType::BF16 && keys == 64;
+                    assert_eq!(src.contains("stw4(o(4u)"), words);
+                    crate::source::assert_valid(&src, &format!("scores_grad {dtype:?} {keys}"));
+                }
             }
         }
     }

@@ -143,6 +143,8 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
                 "fn stnK(e: u32, v: u32) {{ let sh = {shift}; atomicAnd(&bK[{word}], ~({mask} << sh)); \
                  atomicOr(&bK[{word}], (v & {mask}) << sh); }}\n"
             );
+            // A whole word `w` of packed elements, for kernels whose threads own words.
+            s += "fn stwK(w: u32, v: u32) { atomicStore(&bK[w], v); }\n";
         } else {
             s += "@group(1) @binding(K) var<storage, read_write> bK: array<u32>;\n";
             s += &format!(

@@ -165,19 +165,33 @@ fn activate(v: f32) -> f32 {
     }
 }
 
+// Output (gm, gn) finished from its sum `x`: the epilogue.
+fn finished(gm: u32, gn: u32, r_base: u32, x: f32) -> f32 {
+    var v = x;
+    EPILOGUE
+    return v;
+}
+
 // Finishes and writes output (gm, gn) if it is inside the M x N matrix.
 fn put(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, x: f32) {
     if (gm < m && gn < n) {
-        var v = x;
-        EPILOGUE
-        STORE(o_base + gm * n + gn, v);
+        STORE(o_base + gm * n + gn, finished(gm, gn, r_base, x));
+    }
+}
+
+// Outputs (gm, gn) and (gm, gn + 1) together where both are inside: bf16 outputs then take
+// one word store rather than two atomic updates each (`stK_two`, source.rs).
+fn put2(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, x: f32, y: f32) {
+    if (gm < m && gn + 1u < n) {
+        STORE_two(o_base + gm * n + gn, finished(gm, gn, r_base, x), finished(gm, gn + 1u, r_base, y));
+    } else {
+        put(m, n, gm, gn, r_base, o_base, x);
+        put(m, n, gm, gn + 1u, r_base, o_base, y);
     }
 }
 fn put4(m: u32, n: u32, gm: u32, gn: u32, r_base: u32, o_base: u32, v: vec4<f32>) {
-    put(m, n, gm, gn, r_base, o_base, v.x);
-    put(m, n, gm, gn + 1u, r_base, o_base, v.y);
-    put(m, n, gm, gn + 2u, r_base, o_base, v.z);
-    put(m, n, gm, gn + 3u, r_base, o_base, v.w);
+    put2(m, n, gm, gn, r_base, o_base, v.x, v.y);
+    put2(m, n, gm, gn + 2u, r_base, o_base, v.z, v.w);
 }
 
 // @kernel matmul
@@ -515,8 +529,9 @@ fn finish(acc: coop_mat16x16<f32, C>, sg: u32, lane: u32, m: u32, n: u32, gm0: u
     workgroupBarrier();
     coopStoreT(acc, &cout[sg * 256u], 16u);
     workgroupBarrier();
-    for (var e = lane; e < 256u; e += 32u) {
-        put(m, n, gm0 + e / 16u, gn0 + e % 16u, r_base, o_base, cout[sg * 256u + e]);
+    for (var e = 2u * lane; e < 256u; e += 64u) {
+        let x = cout[sg * 256u + e];
+        put2(m, n, gm0 + e / 16u, gn0 + e % 16u, r_base, o_base, x, cout[sg * 256u + e + 1u]);
     }
 }
 

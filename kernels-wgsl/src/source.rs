@@ -145,6 +145,13 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
             );
             // A whole word `w` of packed elements, for kernels whose threads own words.
             s += "fn stwK(w: u32, v: u32) { atomicStore(&bK[w], v); }\n";
+            if dtype == DType::BF16 {
+                // Elements `e` and `e + 1`: one word where they share one (its thread owns
+                // both halves), else one by one.
+                s += "fn stK_two(e: u32, x: f32, y: f32) {\n\
+                      \x20   if ((e & 1u) == 0u) { stwK(e >> 1u, bf16_bits(x) | (bf16_bits(y) << 16u)); }\n\
+                      \x20   else { stK(e, x); stK(e + 1u, y); }\n}\n";
+            }
         } else {
             s += "@group(1) @binding(K) var<storage, read_write> bK: array<u32>;\n";
             s += &format!(
@@ -168,6 +175,9 @@ fn binding(k: usize, dtype: DType, output: bool) -> String {
         if let Some(ldi) = ldi {
             s += &format!("fn ldiK(e: u32) -> i32 {{ return {ldi}; }}\n");
         }
+    }
+    if output && dtype != DType::BF16 {
+        s += "fn stK_two(e: u32, x: f32, y: f32) { stK(e, x); stK(e + 1u, y); }\n";
     }
     s.replace("{k}", &k.to_string())
         .replace('K', &k.to_string())

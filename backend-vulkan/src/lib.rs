@@ -42,8 +42,8 @@
 //! construction (the matmuls: the tensor-core one went from 93 to 128 TFLOP/s without them).
 //!
 //! Measured on an H100 (`benches/README.md`): every op conformant in f32, f16 and bf16;
-//! matmul 4096^3 at 38.7 (f32), 135 (f16) and 131 (bf16) TFLOP/s; GPT-2 124M training at
-//! 0.71x PyTorch eager in f32 and 0.36x in bf16; decoding 1,551 tokens/s in f16 (short of the
+//! matmul 4096^3 at 41.1 (f32), 136 (f16) and 134 (bf16) TFLOP/s; GPT-2 124M training at
+//! 0.74x PyTorch eager in f32 and 0.40x in bf16; decoding 1,551 tokens/s in f16 (short of the
 //! issue's 2,000: the step's 106 kernels each wait on memory a few times, and fusing the norms
 //! into the products did not help).
 //!

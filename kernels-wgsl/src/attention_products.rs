@@ -17,8 +17,9 @@
 //! (measured on the H100). Grouped query heads share a key head: its `dk` and `dv` are one
 //! product over the rows of all its query heads, so they sum in a fixed order, as every
 //! product here does. The T x T intermediates take 16 bytes a score (S and dP in f32, P and
-//! dS in f32 or as 16-bit parts): attention whose intermediates would not fit one binding each
-//! runs the fused kernels, as do CPU drivers (lavapipe), where the fused kernels are faster.
+//! dS in f32 or as 16-bit parts): attention whose intermediates would not fit one binding each,
+//! or would take more than an eighth of the device's memory, runs the fused kernels, as do CPU
+//! drivers (lavapipe), where the fused kernels are faster.
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
@@ -81,12 +82,21 @@ pub(crate) fn backward(
         .chain(&inputs[5..])
         .all(|t| t.dtype == dtype)
         && outputs.iter().all(|t| t.dtype == dtype);
+    // The intermediates take at most an eighth of the device's memory, which fused kernels
+    // would not need at all.
+    let room = gpu
+        .caps()
+        .limits
+        .memory_bytes
+        .is_none_or(|m| 16 * scores <= m / 8);
     if !products
         || !contiguous
         || !same_dtype
         || scores == 0
+        || hkv == 0
         || d == 0
         || dv == 0
+        || !room
         || 4 * scores as u64 > gpu.max_binding()
         || !gpu.fits(inputs)
         || !gpu.fits(outputs)

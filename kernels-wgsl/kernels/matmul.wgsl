@@ -473,7 +473,8 @@ ENCODING
 // dynamically; where both operands read as 16-byte vectors along their contiguous dimension,
 // CK / 16 vectors of each per thread instead (their fetch and stash functions generated).
 // Each accumulator is finished through a 16x16 f32 staging tile of its subgroup and the
-// shared epilogue `put`. Products meet in a fixed order, so results are deterministic.
+// shared epilogue, two adjacent outputs per lane (`put2`). Products meet in a fixed order, so
+// results are deterministic.
 //
 // Every index into the workgroup arrays is in range by construction (marked on the second
 // line: INDICES_IN_RANGE in gpu.rs), so a backend may leave out naga's clamps, which cost
@@ -482,7 +483,8 @@ ENCODING
 // and k e % CK (`coop_k`), or row e % 128 and k e / 128 < CK (`coop_mn`); vector v < 256 *
 // CK / 16 at row v / (CK / 8) < 128, or row 8 * (v % 16) + 7 < 128 and k v / 16 < CK; the
 // fragments' rows rm + 48 + 15 < 128 and columns rn + 16 + 15 < 128, k kk + 15 < CK; a
-// subgroup's staging tile at 256 * sg < 2048 (eight subgroups of 32), element e < 256.
+// subgroup's staging tile at 256 * sg < 2048 (eight subgroups of 32), elements e and e + 1
+// below 256 (e even).
 // Parameter arrays are indexed below `batch_rank`, at most their length (the planner merges
 // batch dimensions or refuses the op).
 const CK: u32 = COOP_STEP;

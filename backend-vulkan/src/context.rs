@@ -8,9 +8,10 @@ use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use tessera_core::memory::{Pool, RecordingPools};
 use tessera_core::{Buffer, DeviceInfo, Error, Features, Limits, Result};
-use tessera_wgsl::{device_dtypes, Caps, Dispatch, Gpu};
+use tessera_wgsl::{device_dtypes, Caps, Dispatch, Gpu, Source};
 
 use crate::bfloat16::{Bfloat16Features, SHADER_BFLOAT16};
+use crate::cooperative_matrix2::{Matrix2Features, COOPERATIVE_MATRIX2};
 use crate::instance::{
     features, instance, Physical, COOPERATIVE_MATRIX, DEVICE_SETUP, REQUIRED_EXTENSIONS,
     SUBGROUP_SIZE_CONTROL, ZERO_INITIALIZE_WORKGROUP_MEMORY,
@@ -81,6 +82,8 @@ impl Context {
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let bf16_tensor_cores = physical.bf16_tensor_cores;
         let mut bf16_feature = Bfloat16Features::for_tensor_cores();
+        let tensor_matmul = physical.tensor_matmul;
+        let mut matrix2_feature = Matrix2Features::for_tensor_matmul();
         let pin_subgroups = physical.pin_subgroups;
         let mut size_control_feature = vk::PhysicalDeviceSubgroupSizeControlFeatures::default()
             .subgroup_size_control(true)
@@ -107,6 +110,10 @@ impl Context {
         if pin_subgroups {
             extensions.push(SUBGROUP_SIZE_CONTROL.as_ptr());
         }
+        if tensor_matmul {
+            extensions.push(COOPERATIVE_MATRIX2.as_ptr());
+        }
+
         let core_features =
             vk::PhysicalDeviceFeatures::default().robust_buffer_access(physical.robust_buffers);
         let create = vk::DeviceCreateInfo::default()
@@ -135,6 +142,12 @@ impl Context {
         } else {
             create
         };
+        let create = if tensor_matmul {
+            create.push_next(&mut matrix2_feature)
+        } else {
+            create
+        };
+
         let device = {
             let _setup = lock(&DEVICE_SETUP);
             // SAFETY: `pd` came from this instance; `create` and what it points to live
@@ -401,6 +414,7 @@ fn describe(
         workgroup_memory: properties.limits.max_compute_shared_memory_size as usize,
         coop_f16: tensor_cores,
         coop_bf16: tensor_cores && physical.bf16_tensor_cores,
+        tensor_matmul: tensor_cores && physical.tensor_matmul,
         cpu: physical.cpu,
         immediate_words: push_constant_bytes as usize / 4,
         subgroups,
@@ -428,7 +442,7 @@ impl Gpu for Context {
     fn dispatch(
         &self,
         dispatch: &Dispatch<'_>,
-        source: &mut dyn FnMut() -> Result<String>,
+        source: &mut dyn FnMut() -> Result<Source>,
     ) -> Result<()> {
         if dispatch.grid.contains(&0) {
             return Ok(());

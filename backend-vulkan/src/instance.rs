@@ -11,6 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use ash::vk;
 
 use crate::bfloat16::{Bfloat16Features, BFLOAT16, SHADER_BFLOAT16};
+use crate::cooperative_matrix2::{tensor_matmul_inputs, COOPERATIVE_MATRIX2};
 
 /// Held while a logical device is created or destroyed.
 pub(crate) static DEVICE_SETUP: Mutex<()> = Mutex::new(());
@@ -47,6 +48,10 @@ pub(crate) struct Physical {
     /// Whether they also multiply bf16, which the kernel reaches through
     /// `VK_KHR_shader_bfloat16` (`bfloat16.rs`).
     pub(crate) bf16_tensor_cores: bool,
+    /// Whether the tensor-core matmul of workgroup-scope matrices runs for every dtype the
+    /// `coop` kernel takes (`cooperative_matrix2.rs`).
+    pub(crate) tensor_matmul: bool,
+
     /// Whether cooperative-matrix kernels are pinned to full subgroups of 32 through
     /// subgroup size control (`VK_EXT_subgroup_size_control`): needed where the device may
     /// pick another size (AMD's 32 or 64), and used wherever it is offered.
@@ -147,6 +152,10 @@ fn usable(
         && cores.is_some_and(|c| c.bf16)
         && has(SHADER_BFLOAT16)
         && bfloat16_features(instance, pd);
+    let tensor_matmul = tensor_cores && has(COOPERATIVE_MATRIX2) && {
+        let (f16, bf16) = tensor_matmul_inputs(entry, instance, pd);
+        f16 && (bf16 || !bf16_tensor_cores)
+    };
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -164,6 +173,7 @@ fn usable(
         robust_buffers: core.robust_buffer_access == vk::TRUE,
         tensor_cores,
         bf16_tensor_cores,
+        tensor_matmul,
         pin_subgroups: tensor_cores && size_control,
     })
 }

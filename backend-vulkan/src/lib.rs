@@ -54,6 +54,7 @@
 
 mod bfloat16;
 mod context;
+mod cooperative_matrix2;
 mod device;
 mod driver_cache;
 mod host;
@@ -64,6 +65,7 @@ mod pipelines;
 mod profile;
 mod record;
 mod replay;
+mod tensor_matmul;
 
 use std::sync::Arc;
 

@@ -22,11 +22,12 @@ use naga::back::spv;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use tessera_core::{Error, Result};
-use tessera_wgsl::{PipelineCache, F16_IS_BF16, INDICES_IN_RANGE};
+use tessera_wgsl::{PipelineCache, Source, F16_IS_BF16, INDICES_IN_RANGE};
 
 use crate::bfloat16::f16_as_bf16;
 use crate::driver_cache::DriverCache;
 use crate::memory::{lock, vk_err, Shared};
+use crate::tensor_matmul;
 
 /// A compiled kernel and the layout it binds with. Pipelines live until their device goes
 /// (after its queue has finished), or are dropped unused when two threads compiled one kernel
@@ -198,16 +199,35 @@ impl Pipelines {
         key: &str,
         bindings: usize,
         immediate: bool,
-        source: &mut dyn FnMut() -> Result<String>,
+        source: &mut dyn FnMut() -> Result<Source>,
     ) -> Result<Arc<Pipeline>> {
         self.cache.get_or_build(key, immediate, || {
-            self.build(key, bindings, immediate, &source()?)
+            self.build(key, bindings, immediate, source()?)
         })
     }
 
-    fn build(&self, key: &str, bindings: usize, immediate: bool, src: &str) -> Result<Pipeline> {
-        let (words, writes) =
-            to_spirv(key, src, bindings, self.zero_initialize, self.buffer_checks)?;
+    fn build(&self, key: &str, bindings: usize, immediate: bool, src: Source) -> Result<Pipeline> {
+        let (words, writes, cooperative) = match src {
+            Source::Wgsl(src) => {
+                let (words, writes) = to_spirv(
+                    key,
+                    &src,
+                    bindings,
+                    self.zero_initialize,
+                    self.buffer_checks,
+                )?;
+                (words, writes, src.contains("coop_mat"))
+            }
+            Source::TensorMatmul(kernel) => {
+                let words = tensor_matmul::spirv(&kernel).map_err(|log| Error::Compile {
+                    backend: "vulkan".into(),
+                    op: key.into(),
+                    log,
+                })?;
+                // `a` and `b` are read, the output written.
+                (words, vec![false, false, true], true)
+            }
+        };
         let layout = self.layouts.layout(bindings, immediate)?;
         let shared = &self.layouts.shared;
         let device = &shared.device;
@@ -222,7 +242,7 @@ impl Pipelines {
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(c"main");
-        let stage = if self.pin_subgroups && src.contains("coop_mat") {
+        let stage = if self.pin_subgroups && cooperative {
             stage
                 .flags(vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS_EXT)
                 .push_next(&mut subgroup_size)

@@ -187,6 +187,8 @@ impl Core {
             // wgpu takes WGSL (or SPIR-V only through an unsafe passthrough), so its f16 type
             // cannot be re-encoded as bf16: bf16 matmuls run the plain kernels.
             coop_bf16: false,
+            // Nor can it run SPIR-V of its own.
+            tensor_matmul: false,
             cpu: ainfo.device_type == wgpu::DeviceType::Cpu,
             immediate_words,
             subgroups: subgroups && options.subgroups,

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tessera_core::{Buffer, DeviceInfo, Error, Result};
-use tessera_wgsl::{Caps, Dispatch, Gpu};
+use tessera_wgsl::{Caps, Dispatch, Gpu, Source};
 
 use crate::buffer::{wgpu_buffer, SharedPool, WgpuBuffer};
 use crate::pipelines::{Pipeline, Pipelines};
@@ -351,7 +351,7 @@ impl Gpu for Core {
     fn dispatch(
         &self,
         dispatch: &Dispatch<'_>,
-        source: &mut dyn FnMut() -> Result<String>,
+        source: &mut dyn FnMut() -> Result<Source>,
     ) -> Result<()> {
         let binds = dispatch
             .bindings

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tessera_core::{Error, Result};
-use tessera_wgsl::PipelineCache;
+use tessera_wgsl::{PipelineCache, Source};
 
 use crate::sync::lock;
 
@@ -120,10 +120,12 @@ impl Pipelines {
         key: &str,
         bindings: usize,
         immediate: bool,
-        source: &mut dyn FnMut() -> Result<String>,
+        source: &mut dyn FnMut() -> Result<Source>,
     ) -> Result<Arc<Pipeline>> {
-        self.cache.get_or_build(key, immediate, || {
-            self.build(key, bindings, immediate, source()?)
+        self.cache.get_or_build(key, immediate, || match source()? {
+            Source::Wgsl(src) => self.build(key, bindings, immediate, src),
+            // Never asked for: the adapter's caps offer no tensor-matmul kernels.
+            Source::TensorMatmul(_) => Err(Error::unsupported("wgpu", "tensor-matmul kernels")),
         })
     }
 

@@ -718,7 +718,7 @@ mod tests {
     use tessera_core::{Buffer, DType, Error, Limits, Op, Result};
 
     use super::{section_of, wide_helpers, AttentionParams, Head, SRC};
-    use crate::gpu::{Build, Caps, Dispatch, Gpu};
+    use crate::gpu::{Build, Caps, Dispatch, Gpu, Source};
     use crate::params::ParamBlock;
     use crate::source::source;
 
@@ -738,7 +738,7 @@ mod tests {
         fn capacity(&self, _: &Arc<dyn Buffer>) -> Result<u64> {
             Err(Error::unsupported("described", "buffers"))
         }
-        fn dispatch(&self, _: &Dispatch<'_>, _: &mut dyn FnMut() -> Result<String>) -> Result<()> {
+        fn dispatch(&self, _: &Dispatch<'_>, _: &mut dyn FnMut() -> Result<Source>) -> Result<()> {
             Err(Error::unsupported("described", "dispatch"))
         }
     }
@@ -756,6 +756,7 @@ mod tests {
             workgroup_memory: 32 << 10,
             coop_f16: false,
             coop_bf16: false,
+            tensor_matmul: false,
             cpu,
             immediate_words: 64,
             subgroups: true,

@@ -27,6 +27,48 @@ pub const F16_IS_BF16: &str = "// @f16-is-bf16";
 /// planner checked, never by data. A backend may compile it without index clamps.
 pub const INDICES_IN_RANGE: &str = "// @indices-in-range";
 
+/// What a dispatch runs: a WGSL module, or a kernel the backend writes itself.
+#[derive(Clone, Debug)]
+pub enum Source {
+    Wgsl(String),
+    TensorMatmul(TensorMatmul),
+}
+
+/// A matmul for a backend's own tensor-core kernel ([`Caps::tensor_matmul`]), where WGSL
+/// cannot say what makes it fast: Vulkan's workgroup-scope cooperative matrices loaded
+/// straight from the operands through tensor layouts (`VK_NV_cooperative_matrix2`), the
+/// driver staging them through workgroup memory.
+///
+/// The kernel computes `out[z, m, n] = a[z, m, :] x b[z, :, n]` over output tiles of
+/// [`TensorMatmul::TILE`] (grid x over n, y over m, z over the batch times the split-K
+/// parts), with f32 sums stored as the output's dtype at `out_offset + z * m * n`, row-major.
+/// It reads the launch's matmul parameter words ([`matmul_param_word`]): sizes, offsets,
+/// operand strides, split-K and batch dimensions. Bindings: `a`, `b`, the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMatmul {
+    /// Both operands' dtype: f16, or bf16.
+    pub input: DType,
+    /// f32 (sums for an epilogue or split-K to finish), f16 or bf16.
+    pub output: DType,
+    /// Whether `a` is contiguous along k (row-major; else along m).
+    pub a_k_contiguous: bool,
+    /// Whether `b` is contiguous along k (a transposed weight; else along n).
+    pub b_k_contiguous: bool,
+}
+
+impl TensorMatmul {
+    /// Output rows and columns per workgroup, and k per step.
+    pub const TILE: [u32; 3] = [256, 128, 32];
+    /// Invocations per workgroup.
+    pub const THREADS: u32 = 256;
+}
+
+/// The index of the matmul parameter word named `field` (`m`, `a_row_stride`,
+/// `batch_shape`: the first of an array's words), as [`TensorMatmul`] kernels read it.
+pub fn matmul_param_word(field: &str) -> Option<usize> {
+    crate::matmul::param_word(field)
+}
+
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub const WG: u64 = 256;
 
@@ -47,6 +89,9 @@ pub struct Caps {
     /// Whether the device is a CPU driver (lavapipe): it compiles every kernel with LLVM at
     /// first use, so kernels prefer loops to unrolled code there.
     pub cpu: bool,
+    /// Whether the backend builds [`TensorMatmul`] kernels, for f16 and (with `coop_bf16`)
+    /// bf16 operands; they then take the matmuls the `coop` kernel would.
+    pub tensor_matmul: bool,
     /// Parameter words a launch may pass as immediates (push constants); 0: none.
     pub immediate_words: usize,
     /// Whether workgroup reductions use subgroup operations.
@@ -112,7 +157,7 @@ pub trait Gpu {
     fn dispatch(
         &self,
         dispatch: &Dispatch<'_>,
-        source: &mut dyn FnMut() -> Result<String>,
+        source: &mut dyn FnMut() -> Result<Source>,
     ) -> Result<()>;
 }
 

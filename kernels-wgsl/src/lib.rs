@@ -52,5 +52,8 @@ mod source;
 
 pub use cache::PipelineCache;
 pub use dispatch::{check_supported, launch};
-pub use gpu::{device_dtypes, Binding, Caps, Dispatch, Gpu, F16_IS_BF16, INDICES_IN_RANGE, WG};
+pub use gpu::{
+    device_dtypes, matmul_param_word, Binding, Caps, Dispatch, Gpu, Source, TensorMatmul,
+    F16_IS_BF16, INDICES_IN_RANGE, WG,
+};
 pub use kernel::WgslKernel;

@@ -16,9 +16,11 @@ use tessera_core::{merge_dims, DType, Error, Layout, Op, Result, TensorRef, Unar
 use crate::elementwise;
 #[cfg(test)]
 use crate::gpu::INDICES_IN_RANGE;
-use crate::gpu::{Gpu, Planner, F16_IS_BF16};
-use crate::params::param_block;
-use crate::source::{groups_for, key, run, run_grid, unsupported, wide_along, wide_helpers};
+use crate::gpu::{Gpu, Planner, Source, TensorMatmul, F16_IS_BF16};
+use crate::params::{param_block, ParamBlock};
+use crate::source::{
+    groups_for, key, run, run_grid, run_native, unsupported, wide_along, wide_helpers,
+};
 use tessera_core::exec::split;
 
 const SRC: &str = include_str!("../kernels/matmul.wgsl");
@@ -57,6 +59,11 @@ param_block! {
         b_batch_strides: [u32; MAX_BATCH_DIMS],
         res_batch_strides: [u32; MAX_BATCH_DIMS],
     }
+}
+
+/// The index of matmul parameter word `field` ([`crate::matmul_param_word`]).
+pub(crate) fn param_word(field: &str) -> Option<usize> {
+    MatmulParams::word_of(field)
 }
 
 /// Matmuls with at most this many rows run a few-rows kernel instead of the 128 x 128 tiles:
@@ -608,6 +615,17 @@ pub(crate) fn launch(
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
         let (splits, k_per_split) = split_k(tile_count, k);
         let partial_bytes = 4 * batch * splits * m * n;
+        if tensor_cores && gpu.caps().tensor_matmul {
+            let split = Problem {
+                splits,
+                k_per_split,
+                ..problem
+            };
+            let layout = (a_at == "along_k", b_at == "along_k");
+            if let Some(done) = launch_tensor(gpu, op, outputs, &subst, &split, layout) {
+                return done;
+            }
+        }
         if splits > 1 && partial_bytes as u64 <= gpu.max_binding() {
             problem.splits = splits;
             problem.k_per_split = k_per_split;
@@ -751,6 +769,91 @@ fn launch_split(
         |o| parts.params(o),
     )?;
     sum_splits(gpu, op, &subst[..2], problem, sums, outputs)
+}
+
+/// The backend's own tensor-core kernel ([`TensorMatmul`]) where it serves `problem` (both
+/// operands contiguous along their faster dimension, `(a, b)` along k or not in `k_fast`, and
+/// a grid within the device's limits): straight into the output for a plain product in one
+/// part, else into f32 sums that `sum_splits` adds and finishes with the epilogue. `None`
+/// where it does not serve, for the WGSL kernels to run.
+fn launch_tensor(
+    gpu: &dyn Gpu,
+    op: &Op,
+    outputs: &[TensorRef<'_>],
+    subst: &[(&'static str, String)],
+    problem: &Problem<'_>,
+    k_fast: (bool, bool),
+) -> Option<Result<()>> {
+    let inputs = problem.inputs;
+    let (a, b) = (&inputs[0], &inputs[1]);
+    let r = a.layout.rank();
+    let unit = |t: &TensorRef<'_>, dim: usize| t.layout.strides[dim] == 1;
+    let a_unit = unit(a, if k_fast.0 { r - 1 } else { r - 2 });
+    let b_unit = unit(b, if k_fast.1 { r - 2 } else { r - 1 });
+    let [tm, tn, _] = TensorMatmul::TILE.map(|t| t as usize);
+    let (m, n) = (problem.m, problem.n);
+    let grid = [
+        n.div_ceil(tn),
+        m.div_ceil(tm),
+        problem.batch * problem.splits,
+    ];
+    let fits_grid = grid.iter().all(|&g| g as u32 == gpu.dim(g));
+    if !a_unit || !b_unit || !fits_grid || m * n * problem.batch == 0 {
+        return None;
+    }
+    let grid = grid.map(|g| g as u32);
+    let kernel = |output| {
+        Source::TensorMatmul(TensorMatmul {
+            input: a.dtype,
+            output,
+            a_k_contiguous: k_fast.0,
+            b_k_contiguous: k_fast.1,
+        })
+    };
+    let variant = format!("tensor/{}/{}", subst[2].1, subst[3].1);
+    let operands = Problem {
+        inputs: &inputs[..2],
+        bias_at: None,
+        res_at: None,
+        ..*problem
+    };
+    if *op == PLAIN && problem.splits == 1 {
+        let key = key(&PLAIN, &inputs[..2], outputs, &variant);
+        let kernel = kernel(outputs[0].dtype);
+        return Some(run_native(
+            gpu,
+            &key,
+            kernel,
+            &inputs[..2],
+            outputs,
+            grid,
+            |o| operands.params(o),
+        ));
+    }
+    let partial_bytes = 4 * problem.batch * problem.splits * m * n;
+    if partial_bytes as u64 > gpu.max_binding() {
+        return None;
+    }
+    Some((|| {
+        let partials = gpu.scratch(partial_bytes)?;
+        let layout = Layout::contiguous(&[partial_bytes / 4]);
+        let sums = TensorRef {
+            buffer: &partials,
+            layout: &layout,
+            dtype: DType::F32,
+        };
+        let key = key(&PLAIN, &inputs[..2], &[sums], &variant);
+        run_native(
+            gpu,
+            &key,
+            kernel(DType::F32),
+            &inputs[..2],
+            &[sums],
+            grid,
+            |o| operands.params(o),
+        )?;
+        sum_splits(gpu, op, &subst[..2], problem, sums, outputs)
+    })())
 }
 
 /// The `sum_splits` kernel: adds each output's `problem.splits` partial sums from `sums`

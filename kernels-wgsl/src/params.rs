@@ -9,11 +9,14 @@ pub(crate) const MAX_BINDINGS: usize = 8;
 
 /// One field of a parameter block: its WGSL type and its words.
 pub(crate) trait Field {
+    /// Words the field takes.
+    const WORDS: usize;
     fn wgsl() -> String;
     fn push(&self, words: &mut Vec<u32>);
 }
 
 impl Field for u32 {
+    const WORDS: usize = 1;
     fn wgsl() -> String {
         "u32".into()
     }
@@ -23,6 +26,7 @@ impl Field for u32 {
 }
 
 impl Field for f32 {
+    const WORDS: usize = 1;
     fn wgsl() -> String {
         "f32".into()
     }
@@ -32,6 +36,7 @@ impl Field for f32 {
 }
 
 impl<T: Field, const N: usize> Field for [T; N] {
+    const WORDS: usize = N * T::WORDS;
     fn wgsl() -> String {
         format!("array<{}, {N}>", T::wgsl())
     }
@@ -48,6 +53,8 @@ pub(crate) trait ParamBlock {
     fn wgsl() -> String;
     /// The words a launch passes, in field order.
     fn words(&self) -> Vec<u32>;
+    /// The index of field `name`'s first word, for kernels not written in WGSL.
+    fn word_of(name: &str) -> Option<usize>;
 }
 
 /// Declares a parameter block: `param_block! { /// doc
@@ -78,6 +85,18 @@ macro_rules! param_block {
                 let mut words = Vec::new();
                 $($crate::params::Field::push(&self.$field, &mut words);)*
                 words
+            }
+
+            fn word_of(name: &str) -> Option<usize> {
+                let mut at = 0;
+                $(
+                    if name == stringify!($field) {
+                        return Some(at);
+                    }
+                    at += <$ty as $crate::params::Field>::WORDS;
+                )*
+                let _ = at;
+                None
             }
         }
     };
@@ -119,6 +138,9 @@ mod tests {
             offsets: [1, 2, 3],
         };
         assert_eq!(block.words(), vec![7, 0.5f32.to_bits(), 1, 2, 3]);
+        assert_eq!(Sample::word_of("eps"), Some(1));
+        assert_eq!(Sample::word_of("offsets"), Some(2));
+        assert_eq!(Sample::word_of("columns"), None);
     }
 
     /// Every kernel's block fits the 64 words that immediates hold.

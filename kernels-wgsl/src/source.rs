@@ -25,7 +25,7 @@
 
 use tessera_core::{DType, Error, Result, TensorRef};
 
-use crate::gpu::{Build, Dispatch, Gpu};
+use crate::gpu::{Build, Dispatch, Gpu, Source};
 use crate::params::ParamBlock;
 
 const COMMON: &str = include_str!("../kernels/common.wgsl");
@@ -357,31 +357,49 @@ pub(crate) fn run_grid<P: ParamBlock>(
     grid: [u32; 3],
     params: impl FnOnce(&[usize]) -> P,
 ) -> Result<()> {
-    let kernel = Kernel {
-        key,
-        family,
-        section,
+    let make = |build, block: fn() -> String| {
+        Ok(Source::Wgsl(source(
+            family,
+            section,
+            &kinds(inputs, outputs),
+            &subst()?,
+            build,
+            &block(),
+        )))
     };
-    dispatch(gpu, kernel, subst, inputs, outputs, grid, |offsets| {
+    dispatch(gpu, key, make, inputs, outputs, grid, |offsets| {
         (params(offsets).words(), P::wgsl as fn() -> String)
     })
 }
 
-/// A kernel to dispatch: its pipeline key and where its source is.
-#[derive(Clone, Copy)]
-struct Kernel<'a> {
-    key: &'a str,
-    family: &'a str,
-    section: &'a str,
+/// As [`run_grid`], for a kernel the backend writes itself ([`Source::TensorMatmul`]).
+pub(crate) fn run_native<P: ParamBlock>(
+    gpu: &dyn Gpu,
+    key: &str,
+    kernel: Source,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    grid: [u32; 3],
+    params: impl FnOnce(&[usize]) -> P,
+) -> Result<()> {
+    dispatch(
+        gpu,
+        key,
+        move |_, _| Ok(kernel),
+        inputs,
+        outputs,
+        grid,
+        |offsets| (params(offsets).words(), P::wgsl as fn() -> String),
+    )
 }
 
 /// Views of `inputs` then `outputs`, the parameter words and the maker of their WGSL
 /// declaration (called only to compile) that `params` gives for their element offsets, and
-/// the dispatch.
+/// the dispatch of the kernel cached under `key`, made by `make` on a miss.
 fn dispatch(
     gpu: &dyn Gpu,
-    kernel: Kernel<'_>,
-    subst: impl FnOnce() -> Result<Subst>,
+    key: &str,
+    make: impl FnOnce(Build, fn() -> String) -> Result<Source>,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     grid: [u32; 3],
@@ -397,23 +415,20 @@ fn dispatch(
     let (words, block) = params(&offs);
     let build = gpu.build(words.len());
     let dispatch = Dispatch {
-        key: kernel.key,
+        key,
         bindings: &binds,
         params: &words,
         immediate: build.immediate_words.is_some(),
         grid,
     };
-    let mut subst = Some(subst);
-    gpu.dispatch(&dispatch, &mut || {
-        let subst = subst.take().map_or_else(no_subst, |make| make())?;
-        Ok(source(
-            kernel.family,
-            kernel.section,
-            &kinds(inputs, outputs),
-            &subst,
-            build,
-            &block(),
-        ))
+    let mut make = Some(make);
+    gpu.dispatch(&dispatch, &mut || match make.take() {
+        Some(make) => make(build, block),
+        None => Err(Error::Compile {
+            backend: gpu.backend().into(),
+            op: key.into(),
+            log: "the kernel's source was asked for twice".into(),
+        }),
     })
 }
 

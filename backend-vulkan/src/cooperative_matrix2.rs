@@ -1,0 +1,212 @@
+//! `VK_NV_cooperative_matrix2`: workgroup-scope cooperative matrices of flexible sizes, loaded
+//! and stored through tensor layouts, which the tensor-core matmul (`tensor_matmul.rs`) is
+//! built on. ash 0.38 predates the extension, so its name, structures and query are declared
+//! here from the Vulkan registry.
+
+use std::ffi::{c_void, CStr};
+
+use ash::vk;
+use tessera_wgsl::TensorMatmul;
+
+use crate::bfloat16::BFLOAT16;
+
+/// The device extension.
+pub(crate) const COOPERATIVE_MATRIX2: &CStr = c"VK_NV_cooperative_matrix2";
+
+/// `VkPhysicalDeviceCooperativeMatrix2FeaturesNV`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Matrix2Features {
+    s_type: vk::StructureType,
+    p_next: *mut c_void,
+    workgroup_scope: vk::Bool32,
+    flexible_dimensions: vk::Bool32,
+    reductions: vk::Bool32,
+    conversions: vk::Bool32,
+    per_element_operations: vk::Bool32,
+    tensor_addressing: vk::Bool32,
+    block_loads: vk::Bool32,
+}
+
+impl Default for Matrix2Features {
+    fn default() -> Matrix2Features {
+        Matrix2Features {
+            s_type: vk::StructureType::from_raw(1000593000),
+            p_next: std::ptr::null_mut(),
+            workgroup_scope: vk::FALSE,
+            flexible_dimensions: vk::FALSE,
+            reductions: vk::FALSE,
+            conversions: vk::FALSE,
+            per_element_operations: vk::FALSE,
+            tensor_addressing: vk::FALSE,
+            block_loads: vk::FALSE,
+        }
+    }
+}
+
+impl Matrix2Features {
+    /// What the tensor-core matmul needs: workgroup-scope matrices of its tile's sizes,
+    /// tensor layouts, and per-element functions (its rounding to bf16).
+    pub(crate) fn for_tensor_matmul() -> Matrix2Features {
+        Matrix2Features {
+            workgroup_scope: vk::TRUE,
+            flexible_dimensions: vk::TRUE,
+            per_element_operations: vk::TRUE,
+            tensor_addressing: vk::TRUE,
+            ..Matrix2Features::default()
+        }
+    }
+
+    fn offered(&self) -> bool {
+        self.workgroup_scope == vk::TRUE
+            && self.flexible_dimensions == vk::TRUE
+            && self.per_element_operations == vk::TRUE
+            && self.tensor_addressing == vk::TRUE
+    }
+}
+
+// SAFETY: the structure is laid out as the registry declares it, with its structure type and
+// chain pointer first, and the Vulkan specification allows it in both chains.
+unsafe impl vk::ExtendsPhysicalDeviceFeatures2 for Matrix2Features {}
+// SAFETY: as above.
+unsafe impl vk::ExtendsDeviceCreateInfo for Matrix2Features {}
+
+/// `VkPhysicalDeviceCooperativeMatrix2PropertiesNV`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Matrix2Properties {
+    s_type: vk::StructureType,
+    p_next: *mut c_void,
+    workgroup_scope_max_workgroup_size: u32,
+    flexible_dimensions_max_dimension: u32,
+    workgroup_scope_reserved_shared_memory: u32,
+}
+
+impl Default for Matrix2Properties {
+    fn default() -> Matrix2Properties {
+        Matrix2Properties {
+            s_type: vk::StructureType::from_raw(1000593002),
+            p_next: std::ptr::null_mut(),
+            workgroup_scope_max_workgroup_size: 0,
+            flexible_dimensions_max_dimension: 0,
+            workgroup_scope_reserved_shared_memory: 0,
+        }
+    }
+}
+
+// SAFETY: as for the features.
+unsafe impl vk::ExtendsPhysicalDeviceProperties2 for Matrix2Properties {}
+
+/// `VkCooperativeMatrixFlexibleDimensionsPropertiesNV`: one combination of types and scope
+/// the device multiplies, in sizes that are multiples of the granularities.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct FlexibleDimensions {
+    s_type: vk::StructureType,
+    p_next: *mut c_void,
+    m_granularity: u32,
+    n_granularity: u32,
+    k_granularity: u32,
+    a_type: vk::ComponentTypeKHR,
+    b_type: vk::ComponentTypeKHR,
+    c_type: vk::ComponentTypeKHR,
+    result_type: vk::ComponentTypeKHR,
+    saturating_accumulation: vk::Bool32,
+    scope: vk::ScopeKHR,
+    workgroup_invocations: u32,
+}
+
+impl Default for FlexibleDimensions {
+    fn default() -> FlexibleDimensions {
+        FlexibleDimensions {
+            s_type: vk::StructureType::from_raw(1000593001),
+            p_next: std::ptr::null_mut(),
+            m_granularity: 0,
+            n_granularity: 0,
+            k_granularity: 0,
+            a_type: vk::ComponentTypeKHR::FLOAT16,
+            b_type: vk::ComponentTypeKHR::FLOAT16,
+            c_type: vk::ComponentTypeKHR::FLOAT16,
+            result_type: vk::ComponentTypeKHR::FLOAT16,
+            saturating_accumulation: vk::FALSE,
+            scope: vk::ScopeKHR::SUBGROUP,
+            workgroup_invocations: 0,
+        }
+    }
+}
+
+/// `vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV`.
+type FlexibleDimensionsQuery =
+    unsafe extern "system" fn(vk::PhysicalDevice, *mut u32, *mut FlexibleDimensions) -> vk::Result;
+
+/// Which operand dtypes `pd` multiplies in the tensor-core matmul's workgroup-scope tiles:
+/// (f16, bf16). The caller has checked that `pd` lists the extension (and, for bf16,
+/// `VK_KHR_shader_bfloat16` with its cooperative matrices).
+pub(crate) fn tensor_matmul_inputs(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
+) -> (bool, bool) {
+    let mut features = Matrix2Features::default();
+    {
+        let mut all = vk::PhysicalDeviceFeatures2::default().push_next(&mut features);
+        // SAFETY: `pd` came from this instance and lists the extension; the chain lives
+        // through the call.
+        unsafe { instance.get_physical_device_features2(pd, &mut all) };
+    }
+    let mut properties = Matrix2Properties::default();
+    {
+        let mut all = vk::PhysicalDeviceProperties2::default().push_next(&mut properties);
+        // SAFETY: as above.
+        unsafe { instance.get_physical_device_properties2(pd, &mut all) };
+    }
+    let [tm, tn, tk] = TensorMatmul::TILE;
+    if !features.offered()
+        || properties.workgroup_scope_max_workgroup_size < TensorMatmul::THREADS
+        || properties.flexible_dimensions_max_dimension < tm.max(tn).max(tk)
+    {
+        return (false, false);
+    }
+    // SAFETY: the name is a valid C string; the instance is alive.
+    let query = unsafe {
+        entry.get_instance_proc_addr(
+            instance.handle(),
+            c"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV".as_ptr(),
+        )
+    };
+    let Some(query) = query else {
+        return (false, false);
+    };
+    // SAFETY: the loader returned this command's entry point, whose signature is declared
+    // above from the registry.
+    let query: FlexibleDimensionsQuery = unsafe { std::mem::transmute(query) };
+    let mut count = 0u32;
+    // SAFETY: `pd` came from this instance; a null array asks for the count.
+    if unsafe { query(pd, &mut count, std::ptr::null_mut()) } != vk::Result::SUCCESS {
+        return (false, false);
+    }
+    let mut all = vec![FlexibleDimensions::default(); count as usize];
+    // SAFETY: `all` holds `count` initialized structures.
+    let listed = unsafe { query(pd, &mut count, all.as_mut_ptr()) };
+    if listed != vk::Result::SUCCESS && listed != vk::Result::INCOMPLETE {
+        return (false, false);
+    }
+    all.truncate(count as usize);
+    let multiplies = |input: vk::ComponentTypeKHR| {
+        all.iter().any(|d| {
+            d.scope == vk::ScopeKHR::WORKGROUP
+                && d.workgroup_invocations == TensorMatmul::THREADS
+                && d.a_type == input
+                && d.b_type == input
+                && d.c_type == vk::ComponentTypeKHR::FLOAT32
+                && d.result_type == vk::ComponentTypeKHR::FLOAT32
+                && d.saturating_accumulation == vk::FALSE
+                && [tm % d.m_granularity.max(1), tn % d.n_granularity.max(1)] == [0, 0]
+                && tk % d.k_granularity.max(1) == 0
+        })
+    };
+    (
+        multiplies(vk::ComponentTypeKHR::FLOAT16),
+        multiplies(BFLOAT16),
+    )
+}

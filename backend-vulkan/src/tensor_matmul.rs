@@ -1,0 +1,761 @@
+//! The tensor-core matmul written as SPIR-V ([`TensorMatmul`]): workgroup-scope cooperative
+//! matrices (`VK_NV_cooperative_matrix2`) loaded straight from the operands through tensor
+//! layouts, which the driver stages through workgroup memory in its own pipelined way. WGSL
+//! cannot declare such matrices, so the kernel is built here with rspirv rather than from the
+//! shared source; it reads the shared matmul parameter block and binds what the shared `coop`
+//! kernel binds (`a`, `b`, the output), so the planner (`tessera-wgsl`'s `matmul.rs`) chooses
+//! between them per launch.
+//!
+//! Each workgroup owns one output tile of `TILE[0] x TILE[1]`: over its split's range of k it
+//! loads a `TILE[0] x TILE[2]` slice of `a` and a `TILE[2] x TILE[1]` slice of `b` per step and
+//! multiplies them into an f32 accumulator, in a fixed order (results are deterministic).
+//! Tensor layouts clamp: elements past the matrix (its edges, the split's end of k) load as
+//! zero, and stores past it are dropped. A transposed operand (contiguous along m, or `b`
+//! along k) loads through a tensor view that swaps its two dimensions.
+
+use std::collections::HashMap;
+
+use rspirv::binary::Assemble;
+use rspirv::dr::{Builder, Operand};
+use rspirv::spirv::{
+    AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel, FPEncoding,
+    FunctionControl, MemoryAccess, MemoryModel, Op, Scope, StorageClass, TensorAddressingOperands,
+    TensorClampMode, Word,
+};
+use tessera_core::DType;
+use tessera_wgsl::{matmul_param_word, TensorMatmul};
+
+/// `CooperativeMatrixUse` values.
+const USE_A: u32 = 0;
+const USE_B: u32 = 1;
+const USE_ACCUMULATOR: u32 = 2;
+/// The matmul parameter block's batch dimensions (`MAX_BATCH_DIMS` in the planner).
+const BATCH_DIMS: u32 = 6;
+
+/// The kernel's SPIR-V words, or what stops it (a dtype it does not take, or a parameter the
+/// block lacks).
+pub(crate) fn spirv(kernel: &TensorMatmul) -> Result<Vec<u32>, String> {
+    let scalar = |d: DType| match d {
+        DType::F32 => Ok(Scalar::F32),
+        DType::F16 => Ok(Scalar::F16),
+        DType::BF16 => Ok(Scalar::BF16),
+        _ => Err(format!("a tensor-core matmul with {} values", d.name())),
+    };
+    let input = scalar(kernel.input)?;
+    if input == Scalar::F32 {
+        return Err("a tensor-core matmul of f32 operands".into());
+    }
+    let output = scalar(kernel.output)?;
+    Writer::new(input, output).module(kernel)
+}
+
+/// A dtype as the kernel declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Scalar {
+    F32,
+    F16,
+    BF16,
+}
+
+impl Scalar {
+    fn bytes(self) -> u32 {
+        match self {
+            Scalar::F32 => 4,
+            _ => 2,
+        }
+    }
+}
+
+/// The builder and the ids it has handed out for types and constants.
+struct Writer {
+    b: Builder,
+    input: Scalar,
+    output: Scalar,
+    u32: Word,
+    bool: Word,
+    floats: HashMap<Scalar, Word>,
+    constants: HashMap<u32, Word>,
+    /// The push-constant block of parameter words and its element pointer type.
+    params: Word,
+    param_ptr: Word,
+    /// The bf16 rounding function (id, type), once asked for.
+    round_fn: Option<(Word, Word)>,
+}
+
+/// What the loop over k of a tile needs: matrix types (`a`, `b`, sum), zero matrices, the
+/// transposing view, the sum's and k's variables, the tile's
+/// first row, column and k, and the extents (m, n, the split's end of k).
+struct Steps {
+    kernel: TensorMatmul,
+    mats: [Word; 3],
+    zeros: [Word; 2],
+    transpose: Word,
+    sum_var: Word,
+    k_var: Word,
+    origin: [Word; 3],
+    extents: [Word; 3],
+}
+
+impl Writer {
+    fn new(input: Scalar, output: Scalar) -> Writer {
+        let mut b = Builder::new();
+        b.set_version(1, 6);
+        let u32 = b.type_int(32, 0);
+        let bool = b.type_bool();
+        Writer {
+            b,
+            input,
+            output,
+            u32,
+            bool,
+            floats: HashMap::new(),
+            constants: HashMap::new(),
+            params: 0,
+            param_ptr: 0,
+            round_fn: None,
+        }
+    }
+
+    fn float(&mut self, s: Scalar) -> Word {
+        if let Some(&t) = self.floats.get(&s) {
+            return t;
+        }
+        let t = match s {
+            Scalar::F32 => self.b.type_float(32, None),
+            Scalar::F16 => self.b.type_float(16, None),
+            Scalar::BF16 => self.b.type_float(16, Some(FPEncoding::BFloat16KHR)),
+        };
+        self.floats.insert(s, t);
+        t
+    }
+
+    fn uint(&mut self, v: u32) -> Word {
+        if let Some(&c) = self.constants.get(&v) {
+            return c;
+        }
+        let c = self.b.constant_bit32(self.u32, v);
+        self.constants.insert(v, c);
+        c
+    }
+
+    /// A workgroup-scope cooperative matrix type.
+    fn matrix(&mut self, s: Scalar, rows: u32, columns: u32, usage: u32) -> Word {
+        let component = self.float(s);
+        let scope = self.uint(Scope::Workgroup as u32);
+        let (rows, columns, usage) = (self.uint(rows), self.uint(columns), self.uint(usage));
+        self.b
+            .type_cooperative_matrix_khr(component, scope, rows, columns, usage)
+    }
+
+    /// A matrix of `matrix` type with every element zero.
+    fn zeros(&mut self, s: Scalar, matrix: Word) -> Word {
+        let t = self.float(s);
+        let zero = self.b.constant_null(t);
+        self.b.constant_composite(matrix, [zero])
+    }
+
+    /// A storage buffer of `s` values at set 1, `binding`.
+    fn buffer(&mut self, s: Scalar, binding: u32, writable: bool) -> Word {
+        let element = self.float(s);
+        // One array and block type per binding, so that each takes its own decorations.
+        let array = self.b.id();
+        let inst = rspirv::dr::Instruction::new(
+            Op::TypeRuntimeArray,
+            None,
+            Some(array),
+            vec![Operand::IdRef(element)],
+        );
+        self.b.module_mut().types_global_values.push(inst);
+        let block = self.b.type_struct([array]);
+        self.b.decorate(
+            array,
+            Decoration::ArrayStride,
+            [Operand::LiteralBit32(s.bytes())],
+        );
+        self.b.decorate(block, Decoration::Block, []);
+        self.b
+            .member_decorate(block, 0, Decoration::Offset, [Operand::LiteralBit32(0)]);
+        let pointer = self
+            .b
+            .type_pointer(None, StorageClass::StorageBuffer, block);
+        let var = self
+            .b
+            .variable(pointer, None, StorageClass::StorageBuffer, None);
+        self.b
+            .decorate(var, Decoration::DescriptorSet, [Operand::LiteralBit32(1)]);
+        self.b
+            .decorate(var, Decoration::Binding, [Operand::LiteralBit32(binding)]);
+        if writable {
+            self.b.decorate(var, Decoration::NonReadable, []);
+        } else {
+            self.b.decorate(var, Decoration::NonWritable, []);
+        }
+        var
+    }
+
+    /// The push-constant block: the matmul parameter words as one array.
+    fn declare_params(&mut self) -> Word {
+        let words = matmul_param_word("res_batch_strides").unwrap_or(0) as u32 + BATCH_DIMS;
+        let count = self.uint(words);
+        let array = self.b.type_array(self.u32, count);
+        self.b
+            .decorate(array, Decoration::ArrayStride, [Operand::LiteralBit32(4)]);
+        let block = self.b.type_struct([array]);
+        self.b.decorate(block, Decoration::Block, []);
+        self.b
+            .member_decorate(block, 0, Decoration::Offset, [Operand::LiteralBit32(0)]);
+        let pointer = self.b.type_pointer(None, StorageClass::PushConstant, block);
+        self.params = self
+            .b
+            .variable(pointer, None, StorageClass::PushConstant, None);
+        self.param_ptr = self
+            .b
+            .type_pointer(None, StorageClass::PushConstant, self.u32);
+        self.params
+    }
+
+    /// Loads parameter word `field` (plus `index` for an array's element).
+    fn param(&mut self, field: &str, index: u32) -> Result<Word, String> {
+        let at = matmul_param_word(field)
+            .ok_or_else(|| format!("the matmul parameters lack `{field}`"))?
+            as u32
+            + index;
+        let (zero, at) = (self.uint(0), self.uint(at));
+        let ptr = self
+            .b
+            .access_chain(self.param_ptr, None, self.params, [zero, at])
+            .map_err(build)?;
+        self.b.load(self.u32, None, ptr, None, []).map_err(build)
+    }
+
+    fn op(&mut self, op: Op, x: Word, y: Word) -> Result<Word, String> {
+        let (t, r) = (self.u32, self.b.id());
+        let inst = rspirv::dr::Instruction::new(
+            op,
+            Some(t),
+            Some(r),
+            vec![Operand::IdRef(x), Operand::IdRef(y)],
+        );
+        self.b
+            .insert_into_block(rspirv::dr::InsertPoint::End, inst)
+            .map_err(build)?;
+        Ok(r)
+    }
+
+    fn add(&mut self, x: Word, y: Word) -> Result<Word, String> {
+        self.op(Op::IAdd, x, y)
+    }
+
+    fn mul(&mut self, x: Word, y: Word) -> Result<Word, String> {
+        self.op(Op::IMul, x, y)
+    }
+
+    fn min(&mut self, x: Word, y: Word) -> Result<Word, String> {
+        let less = self.b.u_less_than(self.bool, None, x, y).map_err(build)?;
+        self.b.select(self.u32, None, less, x, y).map_err(build)
+    }
+
+    /// A tensor layout of clamp mode `clamp` with dimensions `dims` and strides `strides`
+    /// (outer first).
+    fn layout(
+        &mut self,
+        clamp: TensorClampMode,
+        dims: [Word; 2],
+        strides: [Word; 2],
+    ) -> Result<Word, String> {
+        let t = self.layout_type(clamp);
+        let layout = self.b.create_tensor_layout_nv(t, None).map_err(build)?;
+        let layout = self
+            .b
+            .tensor_layout_set_dimension_nv(t, None, layout, dims)
+            .map_err(build)?;
+        self.b
+            .tensor_layout_set_stride_nv(t, None, layout, strides)
+            .map_err(build)
+    }
+
+    fn layout_type(&mut self, clamp: TensorClampMode) -> Word {
+        let (two, clamp) = (self.uint(2), self.uint(clamp as u32));
+        self.b.type_tensor_layout_nv(two, clamp)
+    }
+
+    /// `layout` cut to `[at[0], at[0] + size[0]) x [at[1], at[1] + size[1])`.
+    fn slice(
+        &mut self,
+        layout: Word,
+        clamp: TensorClampMode,
+        at: [Word; 2],
+        size: [u32; 2],
+    ) -> Result<Word, String> {
+        let t = self.layout_type(clamp);
+        let (s0, s1) = (self.uint(size[0]), self.uint(size[1]));
+        self.b
+            .tensor_layout_slice_nv(t, None, layout, [at[0], s0, at[1], s1])
+            .map_err(build)
+    }
+
+    fn module(mut self, kernel: &TensorMatmul) -> Result<Vec<u32>, String> {
+        let [tm, tn, tk] = TensorMatmul::TILE;
+        for c in [
+            Capability::Shader,
+            Capability::VulkanMemoryModel,
+            Capability::StorageBuffer16BitAccess,
+            Capability::CooperativeMatrixKHR,
+            Capability::TensorAddressingNV,
+            Capability::CooperativeMatrixTensorAddressingNV,
+        ] {
+            self.b.capability(c);
+        }
+        let bf16 = self.input == Scalar::BF16 || self.output == Scalar::BF16;
+        if self.input == Scalar::F16 || self.output == Scalar::F16 {
+            self.b.capability(Capability::Float16);
+        }
+        if bf16 {
+            self.b.capability(Capability::BFloat16TypeKHR);
+            self.b.capability(Capability::BFloat16CooperativeMatrixKHR);
+        }
+        if self.output == Scalar::BF16 {
+            self.b
+                .capability(Capability::CooperativeMatrixPerElementOperationsNV);
+        }
+        for e in [
+            "SPV_KHR_cooperative_matrix",
+            "SPV_NV_cooperative_matrix2",
+            "SPV_NV_tensor_addressing",
+        ] {
+            self.b.extension(e);
+        }
+        if bf16 {
+            self.b.extension("SPV_KHR_bfloat16");
+        }
+        self.b
+            .memory_model(AddressingModel::Logical, MemoryModel::Vulkan);
+
+        let (input, output) = (self.input, self.output);
+        let mat_a = self.matrix(input, tm, tk, USE_A);
+        let mat_b = self.matrix(input, tk, tn, USE_B);
+        let acc = self.matrix(Scalar::F32, tm, tn, USE_ACCUMULATOR);
+        let out_mat = self.matrix(output, tm, tn, USE_ACCUMULATOR);
+        let zero_a = self.zeros(input, mat_a);
+        let zero_b = self.zeros(input, mat_b);
+        let zero_acc = self.zeros(Scalar::F32, acc);
+        let a_var = self.buffer(input, 1, false);
+        let b_var = self.buffer(input, 2, false);
+        let o_var = self.buffer(output, 3, true);
+        let params = self.declare_params();
+        let uvec3 = self.b.type_vector(self.u32, 3);
+        let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);
+        let wid_var = self.b.variable(in_ptr, None, StorageClass::Input, None);
+        self.b.decorate(
+            wid_var,
+            Decoration::BuiltIn,
+            [Operand::BuiltIn(BuiltIn::WorkgroupId)],
+        );
+        let (two, one) = (self.uint(2), self.uint(1));
+        let view_t = {
+            let no_dims = self.b.constant_false(self.bool);
+            let zero = self.uint(0);
+            self.b.type_tensor_view_nv(two, no_dims, [one, zero])
+        };
+        let acc_ptr = self.b.type_pointer(None, StorageClass::Function, acc);
+        let u32_ptr = self.b.type_pointer(None, StorageClass::Function, self.u32);
+
+        let void = self.b.type_void();
+        let fn_t = self.b.type_function(void, []);
+        let main = self
+            .b
+            .begin_function(void, None, FunctionControl::NONE, fn_t)
+            .map_err(build)?;
+        self.b.begin_block(None).map_err(build)?;
+        let sum_var = self.b.variable(acc_ptr, None, StorageClass::Function, None);
+        let k_var = self.b.variable(u32_ptr, None, StorageClass::Function, None);
+
+        // Which tile, batch entry and part of k this workgroup takes.
+        let wid = self.b.load(uvec3, None, wid_var, None, []).map_err(build)?;
+        let u = self.u32;
+        let tile_n = self.b.composite_extract(u, None, wid, [0]).map_err(build)?;
+        let tile_m = self.b.composite_extract(u, None, wid, [1]).map_err(build)?;
+        let z = self.b.composite_extract(u, None, wid, [2]).map_err(build)?;
+        let (c_tm, c_tn) = (self.uint(tm), self.uint(tn));
+        let m0 = self.mul(tile_m, c_tm)?;
+        let n0 = self.mul(tile_n, c_tn)?;
+        let m = self.param("m", 0)?;
+        let n = self.param("n", 0)?;
+        let k = self.param("k", 0)?;
+        let splits = self.param("splits", 0)?;
+        let k_per_split = self.param("k_per_split", 0)?;
+        let part = self.op(Op::UMod, z, splits)?;
+        let entry = self.op(Op::UDiv, z, splits)?;
+        let k_start = self.mul(part, k_per_split)?;
+        let k_past = self.add(k_start, k_per_split)?;
+        let k_end = self.min(k, k_past)?;
+
+        // Element offsets of this batch entry in `a` and `b`, the innermost batch dimension
+        // last, as the WGSL kernels' `batch_offsets`.
+        let rank = self.param("batch_rank", 0)?;
+        let mut rest = entry;
+        let mut a_base = self.param("a_offset", 0)?;
+        let mut b_base = self.param("b_offset", 0)?;
+        for d in (0..BATCH_DIMS).rev() {
+            let cd = self.uint(d);
+            let active = self
+                .b
+                .u_less_than(self.bool, None, cd, rank)
+                .map_err(build)?;
+            let size = self.param("batch_shape", d)?;
+            let size = self.b.select(u, None, active, size, one).map_err(build)?;
+            let index = self.op(Op::UMod, rest, size)?;
+            rest = self.op(Op::UDiv, rest, size)?;
+            let zero = self.uint(0);
+            let index = self.b.select(u, None, active, index, zero).map_err(build)?;
+            let a_stride = self.param("a_batch_strides", d)?;
+            let b_stride = self.param("b_batch_strides", d)?;
+            let a_step = self.mul(index, a_stride)?;
+            let b_step = self.mul(index, b_stride)?;
+            a_base = self.add(a_base, a_step)?;
+            b_base = self.add(b_base, b_step)?;
+        }
+        let mn = self.mul(m, n)?;
+        let out_step = self.mul(z, mn)?;
+        let out_offset = self.param("out_offset", 0)?;
+        let o_base = self.add(out_offset, out_step)?;
+
+        // Every load and store goes through clamping layouts: loads of the same tiles
+        // through layouts that do not clamp ran at half the speed on the H200 (72 against
+        // 144 TFLOP/s at 4096^3, f16), even with the alignment of strides and offsets stated.
+        let a_lead = if kernel.a_k_contiguous {
+            self.param("a_row_stride", 0)?
+        } else {
+            self.param("a_k_stride", 0)?
+        };
+        let b_lead = if kernel.b_k_contiguous {
+            self.param("b_col_stride", 0)?
+        } else {
+            self.param("b_k_stride", 0)?
+        };
+        let transpose = self.b.create_tensor_view_nv(view_t, None).map_err(build)?;
+        self.b.store(sum_var, zero_acc, None, []).map_err(build)?;
+        let steps = Steps {
+            kernel: *kernel,
+            mats: [mat_a, mat_b, acc],
+            zeros: [zero_a, zero_b],
+            transpose,
+            sum_var,
+            k_var,
+            origin: [m0, n0, k_start],
+            extents: [m, n, k_end],
+        };
+        let (a_elem, a_rem) = self.aligned(input, a_var, a_base)?;
+        let (b_elem, b_rem) = self.aligned(input, b_var, b_base)?;
+        self.steps(&steps, [a_lead, b_lead], [a_elem, b_elem], [a_rem, b_rem])?;
+        let mut sum = self.b.load(acc, None, sum_var, None, []).map_err(build)?;
+        if output == Scalar::BF16 {
+            // The conversion's rounding is the driver's choice: values are rounded to
+            // nearest-even bf16 first, so that it is exact.
+            let round = self.round_to_bf16_fn()?;
+            let id = self.b.id();
+            let inst = rspirv::dr::Instruction::new(
+                Op::CooperativeMatrixPerElementOpNV,
+                Some(acc),
+                Some(id),
+                vec![Operand::IdRef(sum), Operand::IdRef(round)],
+            );
+            self.b
+                .insert_into_block(rspirv::dr::InsertPoint::End, inst)
+                .map_err(build)?;
+            sum = id;
+        }
+        let result = if output == Scalar::F32 {
+            sum
+        } else {
+            self.b.f_convert(out_mat, None, sum).map_err(build)?
+        };
+        let (o_elem, o_rem) = self.aligned(output, o_var, o_base)?;
+        let n_span = self.add(n, o_rem)?;
+        let n_at = self.add(n0, o_rem)?;
+        let layout_o = self.layout(TensorClampMode::Constant, [m, n_span], [n, one])?;
+        let slice_o = self.slice(layout_o, TensorClampMode::Constant, [m0, n_at], [tm, tn])?;
+        self.b
+            .cooperative_matrix_store_tensor_nv(
+                o_elem,
+                result,
+                slice_o,
+                MemoryAccess::NONE,
+                TensorAddressingOperands::NONE,
+                [],
+            )
+            .map_err(build)?;
+        self.b.ret().map_err(build)?;
+        self.b.end_function().map_err(build)?;
+        let round = self.round_fn;
+
+        self.b.entry_point(
+            ExecutionModel::GLCompute,
+            main,
+            "main",
+            [a_var, b_var, o_var, params, wid_var],
+        );
+        self.b.execution_mode(
+            main,
+            ExecutionMode::LocalSize,
+            [TensorMatmul::THREADS, 1, 1],
+        );
+        if let Some((id, fn_t)) = round {
+            self.emit_round_to_bf16(id, fn_t)?;
+        }
+        Ok(self.b.module().assemble())
+    }
+
+    /// The loop over k of one workgroup's tile: each step's slices of `a` and `b` loaded
+    /// through clamping layouts (leading strides `leads`; from the 16-byte aligned
+    /// `elements`, `rems` elements before each operand's first) and multiplied into the sum.
+    fn steps(
+        &mut self,
+        s: &Steps,
+        leads: [Word; 2],
+        elements: [Word; 2],
+        rems: [Word; 2],
+    ) -> Result<(), String> {
+        let [tm, tn, tk] = TensorMatmul::TILE;
+        let [mat_a, mat_b, acc] = s.mats;
+        let [m0, n0, k_start] = s.origin;
+        let [m, n, k_end] = s.extents;
+        let one = self.uint(1);
+        let clamp = TensorClampMode::Constant;
+        // The contiguous dimension (the layouts' inner one) starts `rem` elements in.
+        let (a_outer, a_inner) = if s.kernel.a_k_contiguous {
+            (m, k_end)
+        } else {
+            (k_end, m)
+        };
+        let (b_outer, b_inner) = if s.kernel.b_k_contiguous {
+            (n, k_end)
+        } else {
+            (k_end, n)
+        };
+        let a_inner = self.add(a_inner, rems[0])?;
+        let b_inner = self.add(b_inner, rems[1])?;
+        let layout_a = self.layout(clamp, [a_outer, a_inner], [leads[0], one])?;
+        let layout_b = self.layout(clamp, [b_outer, b_inner], [leads[1], one])?;
+        let u = self.u32;
+        self.b.store(s.k_var, k_start, None, []).map_err(build)?;
+        let (header, body, step, merge) = (self.b.id(), self.b.id(), self.b.id(), self.b.id());
+        self.b.branch(header).map_err(build)?;
+
+        self.b.begin_block(Some(header)).map_err(build)?;
+        let k0 = self.b.load(u, None, s.k_var, None, []).map_err(build)?;
+        let more = self
+            .b
+            .u_less_than(self.bool, None, k0, k_end)
+            .map_err(build)?;
+        self.b
+            .loop_merge(merge, step, rspirv::spirv::LoopControl::NONE, [])
+            .map_err(build)?;
+        self.b
+            .branch_conditional(more, body, merge, [])
+            .map_err(build)?;
+
+        self.b.begin_block(Some(body)).map_err(build)?;
+        let slice_a = if s.kernel.a_k_contiguous {
+            let k_at = self.add(k0, rems[0])?;
+            self.slice(layout_a, clamp, [m0, k_at], [tm, tk])?
+        } else {
+            let m_at = self.add(m0, rems[0])?;
+            self.slice(layout_a, clamp, [k0, m_at], [tk, tm])?
+        };
+        let slice_b = if s.kernel.b_k_contiguous {
+            let k_at = self.add(k0, rems[1])?;
+            self.slice(layout_b, clamp, [n0, k_at], [tn, tk])?
+        } else {
+            let n_at = self.add(n0, rems[1])?;
+            self.slice(layout_b, clamp, [k0, n_at], [tk, tn])?
+        };
+        let x = self.load_tensor(
+            mat_a,
+            elements[0],
+            s.zeros[0],
+            slice_a,
+            !s.kernel.a_k_contiguous,
+            s.transpose,
+        )?;
+        let y = self.load_tensor(
+            mat_b,
+            elements[1],
+            s.zeros[1],
+            slice_b,
+            s.kernel.b_k_contiguous,
+            s.transpose,
+        )?;
+        let sum = self.b.load(acc, None, s.sum_var, None, []).map_err(build)?;
+        let sum = self
+            .b
+            .cooperative_matrix_mul_add_khr(acc, None, x, y, sum, None)
+            .map_err(build)?;
+        self.b.store(s.sum_var, sum, None, []).map_err(build)?;
+        self.b.branch(step).map_err(build)?;
+
+        self.b.begin_block(Some(step)).map_err(build)?;
+        let c_tk = self.uint(tk);
+        let next = self.add(k0, c_tk)?;
+        self.b.store(s.k_var, next, None, []).map_err(build)?;
+        self.b.branch(header).map_err(build)?;
+        self.b.begin_block(Some(merge)).map_err(build)?;
+        Ok(())
+    }
+
+    /// A matrix of type `t` loaded from `ptr` through `slice`, elements outside it keeping
+    /// `object`'s; through the `transpose` view where `transposed`.
+    fn load_tensor(
+        &mut self,
+        t: Word,
+        ptr: Word,
+        object: Word,
+        slice: Word,
+        transposed: bool,
+        transpose: Word,
+    ) -> Result<Word, String> {
+        let (operands, extra) = if transposed {
+            (
+                TensorAddressingOperands::TENSOR_VIEW,
+                vec![Operand::IdRef(transpose)],
+            )
+        } else {
+            (TensorAddressingOperands::NONE, vec![])
+        };
+        self.b
+            .cooperative_matrix_load_tensor_nv(
+                t,
+                None,
+                ptr,
+                object,
+                slice,
+                MemoryAccess::NONE,
+                operands,
+                extra,
+            )
+            .map_err(build)
+    }
+
+    /// The id of the per-element function rounding f32 values to the nearest bf16 (ties to
+    /// even, NaN kept NaN), emitted after the entry point.
+    fn round_to_bf16_fn(&mut self) -> Result<Word, String> {
+        if let Some((id, _)) = self.round_fn {
+            return Ok(id);
+        }
+        let f32_t = self.float(Scalar::F32);
+        let fn_t = self.b.type_function(f32_t, [self.u32, self.u32, f32_t]);
+        let id = self.b.id();
+        self.round_fn = Some((id, fn_t));
+        Ok(id)
+    }
+
+    fn emit_round_to_bf16(&mut self, id: Word, fn_t: Word) -> Result<(), String> {
+        let f32_t = self.float(Scalar::F32);
+        let u = self.u32;
+        self.b
+            .begin_function(f32_t, Some(id), FunctionControl::NONE, fn_t)
+            .map_err(build)?;
+        self.b.function_parameter(u).map_err(build)?;
+        self.b.function_parameter(u).map_err(build)?;
+        let x = self.b.function_parameter(f32_t).map_err(build)?;
+        self.b.begin_block(None).map_err(build)?;
+        let bits = self.b.bitcast(u, None, x).map_err(build)?;
+        let sixteen = self.uint(16);
+        let one = self.uint(1);
+        let odd = self.op(Op::ShiftRightLogical, bits, sixteen)?;
+        let odd = self.op(Op::BitwiseAnd, odd, one)?;
+        let half = self.uint(0x7fff);
+        let biased = self.add(bits, half)?;
+        let biased = self.add(biased, odd)?;
+        let high = self.uint(0xffff_0000);
+        let rounded = self.op(Op::BitwiseAnd, biased, high)?;
+        let quiet = self.uint(0x0040_0000);
+        let quiet = self.op(Op::BitwiseOr, bits, quiet)?;
+        let quiet = self.op(Op::BitwiseAnd, quiet, high)?;
+        let nan = self.b.is_nan(self.bool, None, x).map_err(build)?;
+        let chosen = self.b.select(u, None, nan, quiet, rounded).map_err(build)?;
+        let value = self.b.bitcast(f32_t, None, chosen).map_err(build)?;
+        self.b.ret_value(value).map_err(build)?;
+        self.b.end_function().map_err(build)
+    }
+
+    /// A 16-byte aligned pointer into the array of buffer `var` (of `s` values) at or before
+    /// element `at`, and how many elements before `at` it is: tensor loads and stores take
+    /// aligned pointers only.
+    fn aligned(&mut self, s: Scalar, var: Word, at: Word) -> Result<(Word, Word), String> {
+        let per_vector = 16 / s.bytes();
+        let mask = self.uint(per_vector - 1);
+        let rem = self.op(Op::BitwiseAnd, at, mask)?;
+        let start = self.op(Op::ISub, at, rem)?;
+        Ok((self.element_ptr(s, var, start)?, rem))
+    }
+
+    /// A pointer to element `at` of a buffer's array, where a tensor layout's element 0 is.
+    fn element_ptr(&mut self, s: Scalar, var: Word, at: Word) -> Result<Word, String> {
+        let zero = self.uint(0);
+        let element = self.float(s);
+        let ptr = self
+            .b
+            .type_pointer(None, StorageClass::StorageBuffer, element);
+        self.b
+            .access_chain(ptr, None, var, [zero, at])
+            .map_err(build)
+    }
+}
+
+/// A builder error as text.
+fn build(e: rspirv::dr::Error) -> String {
+    format!("building the tensor-core matmul: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_kernel() -> Vec<TensorMatmul> {
+        let mut all = Vec::new();
+        for input in [DType::F16, DType::BF16] {
+            for output in [DType::F32, input] {
+                for a_k_contiguous in [true, false] {
+                    for b_k_contiguous in [true, false] {
+                        all.push(TensorMatmul {
+                            input,
+                            output,
+                            a_k_contiguous,
+                            b_k_contiguous,
+                        });
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    /// Every variant assembles into a module rspirv reads back, with one entry point.
+    #[test]
+    fn every_variant_is_a_module() {
+        for kernel in every_kernel() {
+            let words = spirv(&kernel).unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
+            let module = rspirv::dr::load_words(&words).expect("reads back");
+            assert_eq!(module.entry_points.len(), 1, "{kernel:?}");
+        }
+    }
+
+    /// f32 operands and integer outputs are refused with the dtype named.
+    #[test]
+    fn other_dtypes_are_refused() {
+        let kernel = TensorMatmul {
+            input: DType::F32,
+            output: DType::F32,
+            a_k_contiguous: true,
+            b_k_contiguous: true,
+        };
+        assert!(spirv(&kernel).unwrap_err().contains("f32"));
+        let kernel = TensorMatmul {
+            input: DType::F16,
+            output: DType::I32,
+            ..kernel
+        };
+        assert!(spirv(&kernel).unwrap_err().contains("i32"));
+    }
+}

@@ -160,10 +160,11 @@ pub(crate) fn tensor_matmul_inputs(
         // SAFETY: as above.
         unsafe { instance.get_physical_device_properties2(pd, &mut all) };
     }
-    let [tm, tn, tk] = TensorMatmul::TILE;
+    let tiles = [TensorMatmul::TILE, TensorMatmul::NARROW_TILE];
+    let largest = tiles.iter().flatten().copied().max().unwrap_or(0);
     if !features.offered()
         || properties.workgroup_scope_max_workgroup_size < TensorMatmul::THREADS
-        || properties.flexible_dimensions_max_dimension < tm.max(tn).max(tk)
+        || properties.flexible_dimensions_max_dimension < largest
     {
         return (false, false);
     }
@@ -201,8 +202,11 @@ pub(crate) fn tensor_matmul_inputs(
                 && d.c_type == vk::ComponentTypeKHR::FLOAT32
                 && d.result_type == vk::ComponentTypeKHR::FLOAT32
                 && d.saturating_accumulation == vk::FALSE
-                && [tm % d.m_granularity.max(1), tn % d.n_granularity.max(1)] == [0, 0]
-                && tk % d.k_granularity.max(1) == 0
+                && tiles.iter().all(|&[tm, tn, tk]| {
+                    tm % d.m_granularity.max(1) == 0
+                        && tn % d.n_granularity.max(1) == 0
+                        && tk % d.k_granularity.max(1) == 0
+                })
         })
     };
     (

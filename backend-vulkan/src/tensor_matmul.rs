@@ -6,9 +6,10 @@
 //! kernel binds (`a`, `b`, the output), so the planner (`tessera-wgsl`'s `matmul.rs`) chooses
 //! between them per launch.
 //!
-//! Each workgroup owns one output tile of `TILE[0] x TILE[1]`: over its split's range of k it
-//! loads a `TILE[0] x TILE[2]` slice of `a` and a `TILE[2] x TILE[1]` slice of `b` per step and
-//! multiplies them into an f32 accumulator, in a fixed order (results are deterministic).
+//! Each workgroup owns one output tile of `tile[0] x tile[1]` ([`TensorMatmul::tile`]): over
+//! its split's range of k it loads a `tile[0] x tile[2]` slice of `a` and a `tile[2] x
+//! tile[1]` slice of `b` per step and multiplies them into an f32 accumulator, in a fixed
+//! order (results are deterministic).
 //! Tensor layouts clamp: elements past the matrix (its edges, the split's end of k) load as
 //! zero, and stores past it are dropped. A transposed operand (contiguous along m, or `b`
 //! along k) loads through a tensor view that swaps its two dimensions.
@@ -295,7 +296,7 @@ impl Writer {
     }
 
     fn module(mut self, kernel: &TensorMatmul) -> Result<Vec<u32>, String> {
-        let [tm, tn, tk] = TensorMatmul::TILE;
+        let [tm, tn, tk] = kernel.tile();
         for c in [
             Capability::Shader,
             Capability::VulkanMemoryModel,
@@ -516,7 +517,7 @@ impl Writer {
         elements: [Word; 2],
         rems: [Word; 2],
     ) -> Result<(), String> {
-        let [tm, tn, tk] = TensorMatmul::TILE;
+        let [tm, tn, tk] = s.kernel.tile();
         let [mat_a, mat_b, acc] = s.mats;
         let [m0, n0, k_start] = s.origin;
         let [m, n, k_end] = s.extents;
@@ -718,12 +719,15 @@ mod tests {
             for output in [DType::F32, input] {
                 for a_k_contiguous in [true, false] {
                     for b_k_contiguous in [true, false] {
-                        all.push(TensorMatmul {
-                            input,
-                            output,
-                            a_k_contiguous,
-                            b_k_contiguous,
-                        });
+                        for narrow in [false, true] {
+                            all.push(TensorMatmul {
+                                input,
+                                output,
+                                a_k_contiguous,
+                                b_k_contiguous,
+                                narrow,
+                            });
+                        }
                     }
                 }
             }
@@ -749,6 +753,7 @@ mod tests {
             output: DType::F32,
             a_k_contiguous: true,
             b_k_contiguous: true,
+            narrow: false,
         };
         assert!(spirv(&kernel).unwrap_err().contains("f32"));
         let kernel = TensorMatmul {

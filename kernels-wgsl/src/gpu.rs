@@ -40,7 +40,7 @@ pub enum Source {
 /// driver staging them through workgroup memory.
 ///
 /// The kernel computes `out[z, m, n] = a[z, m, :] x b[z, :, n]` over output tiles of
-/// [`TensorMatmul::TILE`] (grid x over n, y over m, z over the batch times the split-K
+/// [`TensorMatmul::tile`] (grid x over n, y over m, z over the batch times the split-K
 /// parts), with f32 sums stored as the output's dtype at `out_offset + z * m * n`, row-major.
 /// It reads the launch's matmul parameter words ([`matmul_param_word`]): sizes, offsets,
 /// operand strides, split-K and batch dimensions. Bindings: `a`, `b`, the output.
@@ -54,13 +54,29 @@ pub struct TensorMatmul {
     pub a_k_contiguous: bool,
     /// Whether `b` is contiguous along k (a transposed weight; else along n).
     pub b_k_contiguous: bool,
+    /// Whether the tile is [`TensorMatmul::NARROW_TILE`] rather than [`TensorMatmul::TILE`].
+    pub narrow: bool,
 }
 
 impl TensorMatmul {
-    /// Output rows and columns per workgroup, and k per step.
+    /// Output rows and columns per workgroup, and k per step. On the H200 at 4096^3 (f16,
+    /// TFLOP/s): 256 x 128 x 32 147, 128 x 256 x 32 144, 128 x 128 x 64 136, 128 x 256 x 64
+    /// 115, 128 x 256 x 16 108, 256 x 256 x 16 97, 256 x 128 x 64 96.
     pub const TILE: [u32; 3] = [256, 128, 32];
+    /// The tile of [`TensorMatmul::narrow`] kernels, for outputs of at most its width:
+    /// attention's products over its head dimension.
+    pub const NARROW_TILE: [u32; 3] = [256, 64, 32];
     /// Invocations per workgroup.
     pub const THREADS: u32 = 256;
+
+    /// This kernel's tile.
+    pub fn tile(&self) -> [u32; 3] {
+        if self.narrow {
+            Self::NARROW_TILE
+        } else {
+            Self::TILE
+        }
+    }
 }
 
 /// The index of the matmul parameter word named `field` (`m`, `a_row_stride`,

@@ -790,8 +790,14 @@ fn launch_tensor(
     let unit = |t: &TensorRef<'_>, dim: usize| t.layout.strides[dim] == 1;
     let a_unit = unit(a, if k_fast.0 { r - 1 } else { r - 2 });
     let b_unit = unit(b, if k_fast.1 { r - 2 } else { r - 1 });
-    let [tm, tn, _] = TensorMatmul::TILE.map(|t| t as usize);
     let (m, n) = (problem.m, problem.n);
+    let narrow = n <= TensorMatmul::NARROW_TILE[1] as usize;
+    let tile = if narrow {
+        TensorMatmul::NARROW_TILE
+    } else {
+        TensorMatmul::TILE
+    };
+    let [tm, tn, _] = tile.map(|t| t as usize);
     let grid = [
         n.div_ceil(tn),
         m.div_ceil(tm),
@@ -808,9 +814,11 @@ fn launch_tensor(
             output,
             a_k_contiguous: k_fast.0,
             b_k_contiguous: k_fast.1,
+            narrow,
         })
     };
-    let variant = format!("tensor/{}/{}", subst[2].1, subst[3].1);
+    let shape = if narrow { "/narrow" } else { "" };
+    let variant = format!("tensor/{}/{}{shape}", subst[2].1, subst[3].1);
     let operands = Problem {
         inputs: &inputs[..2],
         bias_at: None,

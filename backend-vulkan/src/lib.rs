@@ -35,22 +35,33 @@
 //! the device offers subgroup size control, kernels on cooperative matrices ask for full
 //! subgroups of 32, so devices that may pick another size (AMD's 32 or 64) qualify too.
 //!
+//! Where the device also offers `VK_NV_cooperative_matrix2` (workgroup-scope matrices of
+//! flexible sizes, loaded through tensor layouts) for the tiles of `TensorMatmul`, f16 and
+//! bf16 matmuls over output tiles run a kernel of their own instead, written as SPIR-V with
+//! rspirv beside the shared source (`tensor_matmul.rs`; the extension's declarations in
+//! `cooperative_matrix2.rs`): the driver stages its 256 x 128 tiles through workgroup memory,
+//! which WGSL cannot ask for. The shared planner chooses it per launch (`Caps::tensor_matmul`)
+//! and keeps split-K and the epilogues (f32 sums finished by its `sum_splits` kernel). On the
+//! H200 it took 4096^3 f16 from 128 to 147 TFLOP/s and bf16 training from 49.0k to 63.4k
+//! tokens/s (one call each, both builds).
+//!
 //! Where the device offers `robustBufferAccess` (lavapipe and NVIDIA do), it is opened with
 //! it and kernels are compiled without naga's clamps on buffer indices: the driver keeps every
 //! access inside its buffer. Indices into workgroup and private arrays keep naga's clamps
 //! (`pipelines.rs`) but in kernels marked `INDICES_IN_RANGE`, whose indices are in range by
 //! construction (the matmuls: the tensor-core one went from 93 to 128 TFLOP/s without them).
 //!
-//! Measured on an H100 (`benches/README.md`): every op conformant in f32, f16 and bf16;
-//! matmul 4096^3 at 41.1 (f32), 136 (f16) and 134 (bf16) TFLOP/s; GPT-2 124M training at
-//! 0.74x PyTorch eager in f32 and 0.40x in bf16; decoding 1,551 tokens/s in f16 (short of the
-//! issue's 2,000: the step's 106 kernels each wait on memory a few times, and fusing the norms
-//! into the products did not help).
+//! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H200,
+//! matmul 4096^3 at 41.0 (f32), 147 (f16) and 146 (bf16) TFLOP/s and GPT-2 124M training at
+//! 0.73x PyTorch eager in f32 and 0.46x in bf16; on an H100, decoding 1,551 tokens/s in f16
+//! (short of the issue's 2,000: the step's 106 kernels each wait on memory a few times, and
+//! fusing the norms into the products did not help).
 //!
 //! Not yet here (the backend's issue lists the targets): a tensor-core matmul near the
-//! issue's 300 TFLOP/s, which needs SPIR-V of its own (16-byte stores into the staged tiles,
-//! two stages of workgroup memory, or `VK_NV_cooperative_matrix2`'s larger tiles); rspirv,
-//! already used for bf16, can write it.
+//! issue's 300 TFLOP/s. The workgroup-scope kernel's tile sizes were swept (see
+//! `TensorMatmul::TILE`); what the driver makes of them is the limit now. Next: its epilogues
+//! fused through per-element functions (it rounds bf16 outputs that way already), and
+//! attention's forward as products on it.
 
 mod bfloat16;
 mod context;

@@ -229,18 +229,20 @@ impl Writer {
         self.b.load(self.u32, None, ptr, None, []).map_err(build)
     }
 
-    fn op(&mut self, op: Op, x: Word, y: Word) -> Result<Word, String> {
-        let (t, r) = (self.u32, self.b.id());
-        let inst = rspirv::dr::Instruction::new(
-            op,
-            Some(t),
-            Some(r),
-            vec![Operand::IdRef(x), Operand::IdRef(y)],
-        );
+    /// An instruction `op` of result type `t` on the ids `operands`, at the end of the block.
+    fn inst(&mut self, op: Op, t: Word, operands: &[Word]) -> Result<Word, String> {
+        let r = self.b.id();
+        let operands = operands.iter().map(|&id| Operand::IdRef(id)).collect();
+        let inst = rspirv::dr::Instruction::new(op, Some(t), Some(r), operands);
         self.b
             .insert_into_block(rspirv::dr::InsertPoint::End, inst)
             .map_err(build)?;
         Ok(r)
+    }
+
+    /// A `u32` operation on `x` and `y`.
+    fn op(&mut self, op: Op, x: Word, y: Word) -> Result<Word, String> {
+        self.inst(op, self.u32, &[x, y])
     }
 
     fn add(&mut self, x: Word, y: Word) -> Result<Word, String> {
@@ -454,17 +456,7 @@ impl Writer {
             // The conversion's rounding is the driver's choice: values are rounded to
             // nearest-even bf16 first, so that it is exact.
             let round = self.round_to_bf16_fn()?;
-            let id = self.b.id();
-            let inst = rspirv::dr::Instruction::new(
-                Op::CooperativeMatrixPerElementOpNV,
-                Some(acc),
-                Some(id),
-                vec![Operand::IdRef(sum), Operand::IdRef(round)],
-            );
-            self.b
-                .insert_into_block(rspirv::dr::InsertPoint::End, inst)
-                .map_err(build)?;
-            sum = id;
+            sum = self.inst(Op::CooperativeMatrixPerElementOpNV, acc, &[sum, round])?;
         }
         let result = if output == Scalar::F32 {
             sum

@@ -42,7 +42,7 @@ pub enum Source {
 /// The kernel computes `out[z, m, n] = a[z, m, :] x b[z, :, n]` over output tiles of
 /// [`TensorMatmul::tile`] (grid x over n, y over m, z over the batch times the split-K
 /// parts), with f32 sums stored as the output's dtype at `out_offset + z * m * n`, row-major.
-/// It reads the launch's matmul parameter words ([`matmul_param_word`]): sizes, offsets,
+/// It reads the launch's matmul parameter words ([`crate::matmul_param_word`]): sizes, offsets,
 /// operand strides, split-K and batch dimensions. Bindings: `a`, `b`, the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMatmul {
@@ -77,12 +77,6 @@ impl TensorMatmul {
             Self::TILE
         }
     }
-}
-
-/// The index of the matmul parameter word named `field` (`m`, `a_row_stride`,
-/// `batch_shape`: the first of an array's words), as [`TensorMatmul`] kernels read it.
-pub fn matmul_param_word(field: &str) -> Option<usize> {
-    crate::matmul::param_word(field)
 }
 
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).

@@ -21,7 +21,10 @@
 //!   products around a row pass on GPUs (`attention_products.rs`);
 //! - two markers a kernel's source may carry for the backend that compiles it:
 //!   [`INDICES_IN_RANGE`] (no index clamps needed) and [`F16_IS_BF16`] (its `f16` values are
-//!   bf16, for a backend that can re-encode the type: Vulkan).
+//!   bf16, for a backend that can re-encode the type: Vulkan);
+//! - the choice of a backend's own kernel where WGSL cannot say what makes one fast: a
+//!   dispatch's [`Source`] is WGSL or a [`TensorMatmul`] (Vulkan's workgroup-scope
+//!   cooperative matrices), which reads the same parameter block ([`matmul_param_word`]).
 //!
 //! What it does not own: compiling, recording, submitting and synchronizing work, bind
 //! groups, memory, host copies, profiling. A backend implements [`Gpu`] (capabilities,
@@ -53,7 +56,8 @@ mod source;
 pub use cache::PipelineCache;
 pub use dispatch::{check_supported, launch};
 pub use gpu::{
-    device_dtypes, matmul_param_word, Binding, Caps, Dispatch, Gpu, Source, TensorMatmul,
-    F16_IS_BF16, INDICES_IN_RANGE, WG,
+    device_dtypes, Binding, Caps, Dispatch, Gpu, Source, TensorMatmul, F16_IS_BF16,
+    INDICES_IN_RANGE, WG,
 };
 pub use kernel::WgslKernel;
+pub use matmul::matmul_param_word;

@@ -11,7 +11,9 @@
 //! workgroups into partial sums that a second kernel adds in order, so results stay
 //! deterministic.
 
-use tessera_core::{merge_dims, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
+use std::sync::Arc;
+
+use tessera_core::{merge_dims, Buffer, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
 
 use crate::elementwise;
 #[cfg(test)]
@@ -61,8 +63,9 @@ param_block! {
     }
 }
 
-/// The index of matmul parameter word `field` ([`crate::matmul_param_word`]).
-pub(crate) fn param_word(field: &str) -> Option<usize> {
+/// The index of the matmul parameter word named `field` (`m`, `a_row_stride`,
+/// `batch_shape`: the first of an array's words), as [`TensorMatmul`] kernels read it.
+pub fn matmul_param_word(field: &str) -> Option<usize> {
     MatmulParams::word_of(field)
 }
 
@@ -732,8 +735,7 @@ fn launch_split(
     partial_bytes: usize,
 ) -> Result<()> {
     let inputs = problem.inputs;
-    let partials = gpu.scratch(partial_bytes)?;
-    let layout = Layout::contiguous(&[partial_bytes / 4]);
+    let (partials, layout) = partial_sums(gpu, partial_bytes)?;
     let sums = TensorRef {
         buffer: &partials,
         layout: &layout,
@@ -843,8 +845,7 @@ fn launch_tensor(
         return None;
     }
     Some((|| {
-        let partials = gpu.scratch(partial_bytes)?;
-        let layout = Layout::contiguous(&[partial_bytes / 4]);
+        let (partials, layout) = partial_sums(gpu, partial_bytes)?;
         let sums = TensorRef {
             buffer: &partials,
             layout: &layout,
@@ -862,6 +863,11 @@ fn launch_tensor(
         )?;
         sum_splits(gpu, op, &subst[..2], problem, sums, outputs)
     })())
+}
+
+/// A scratch buffer for `bytes` of f32 partial sums, and their layout.
+fn partial_sums(gpu: &dyn Gpu, bytes: usize) -> Result<(Arc<dyn Buffer>, Layout)> {
+    Ok((gpu.scratch(bytes)?, Layout::contiguous(&[bytes / 4])))
 }
 
 /// The `sum_splits` kernel: adds each output's `problem.splits` partial sums from `sums`

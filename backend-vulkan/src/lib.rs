@@ -41,9 +41,10 @@
 //! rspirv beside the shared source (`tensor_matmul.rs`; the extension's declarations in
 //! `cooperative_matrix2.rs`): the driver stages its 256 x 128 tiles through workgroup memory,
 //! which WGSL cannot ask for. The shared planner chooses it per launch (`Caps::tensor_matmul`)
-//! and keeps split-K and the epilogues (f32 sums finished by its `sum_splits` kernel). On the
-//! H200 it took 4096^3 f16 from 128 to 147 TFLOP/s and bf16 training from 49.0k to 63.4k
-//! tokens/s (one call each, both builds).
+//! and keeps split-K (f32 sums finished by its `sum_splits` kernel); a product in one part
+//! gets its epilogue from the kernel's per-element function. On the H200 it took 4096^3 f16
+//! from 128 to 147 TFLOP/s and bf16 training from 49.0k to 63.4k tokens/s (one call each,
+//! both builds), 66.4k with the epilogues fused.
 //!
 //! Where the device offers `robustBufferAccess` (lavapipe and NVIDIA do), it is opened with
 //! it and kernels are compiled without naga's clamps on buffer indices: the driver keeps every
@@ -59,9 +60,9 @@
 //!
 //! Not yet here (the backend's issue lists the targets): a tensor-core matmul near the
 //! issue's 300 TFLOP/s. The workgroup-scope kernel's tile sizes were swept (see
-//! `TensorMatmul::TILE`); what the driver makes of them is the limit now. Next: its epilogues
-//! fused through per-element functions (it rounds bf16 outputs that way already), and
-//! attention's forward as products on it.
+//! `TensorMatmul::TILE`); what the driver makes of them is the limit now, so the next attempt
+//! is a subgroup-scope kernel with its own double-buffered staging. Also next: attention's
+//! forward as products on it.
 
 mod bfloat16;
 mod context;

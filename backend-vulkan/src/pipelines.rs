@@ -224,8 +224,9 @@ impl Pipelines {
                     op: key.into(),
                     log,
                 })?;
-                // `a` and `b` are read, the output written.
-                (words, vec![false, false, true], true)
+                // The inputs are read, the output (the last binding) written.
+                let writes = (1..=bindings).map(|b| b == bindings).collect();
+                (words, writes, true)
             }
         };
         let layout = self.layouts.layout(bindings, immediate)?;

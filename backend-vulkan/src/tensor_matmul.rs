@@ -3,14 +3,15 @@
 //! layouts, which the driver stages through workgroup memory in its own pipelined way. WGSL
 //! cannot declare such matrices, so the kernel is built here with rspirv rather than from the
 //! shared source; it reads the shared matmul parameter block and binds what the shared `coop`
-//! kernel binds (`a`, `b`, the output), so the planner (`tessera-wgsl`'s `matmul.rs`) chooses
-//! between them per launch.
+//! kernel binds (`a`, `b`, the bias and residual of its epilogue, the output), so the planner
+//! (`tessera-wgsl`'s `matmul.rs`) chooses between them per launch.
 //!
 //! Each workgroup owns one output tile of `tile[0] x tile[1]` ([`TensorMatmul::tile`]): over
 //! its split's range of k it loads a `tile[0] x tile[2]` slice of `a` and a `tile[2] x
 //! tile[1]` slice of `b` per step and multiplies them into an f32 accumulator, in a fixed
-//! order (results are deterministic).
-//! Tensor layouts clamp: elements past the matrix (its edges, the split's end of k) load as
+//! order (results are deterministic). A per-element function then finishes the sums as the
+//! WGSL epilogue does (bias, activation, residual) and rounds bf16 outputs, before they are
+//! converted to the output's dtype and stored. Tensor layouts clamp: elements past the matrix (its edges, the split's end of k) load as
 //! zero, and stores past it are dropped. A transposed operand (contiguous along m, or `b`
 //! along k) loads through a tensor view that swaps its two dimensions.
 
@@ -23,7 +24,7 @@ use rspirv::spirv::{
     FunctionControl, MemoryAccess, MemoryModel, Op, Scope, StorageClass, TensorAddressingOperands,
     TensorClampMode, Word,
 };
-use tessera_core::DType;
+use tessera_core::{DType, UnaryOp};
 use tessera_wgsl::{matmul_param_word, TensorMatmul};
 
 /// `CooperativeMatrixUse` values.
@@ -36,18 +37,22 @@ const BATCH_DIMS: u32 = 6;
 /// The kernel's SPIR-V words, or what stops it (a dtype it does not take, or a parameter the
 /// block lacks).
 pub(crate) fn spirv(kernel: &TensorMatmul) -> Result<Vec<u32>, String> {
-    let scalar = |d: DType| match d {
-        DType::F32 => Ok(Scalar::F32),
-        DType::F16 => Ok(Scalar::F16),
-        DType::BF16 => Ok(Scalar::BF16),
-        _ => Err(format!("a tensor-core matmul with {} values", d.name())),
-    };
     let input = scalar(kernel.input)?;
     if input == Scalar::F32 {
         return Err("a tensor-core matmul of f32 operands".into());
     }
     let output = scalar(kernel.output)?;
     Writer::new(input, output).module(kernel)
+}
+
+/// The kernel's declaration of dtype `d`.
+fn scalar(d: DType) -> Result<Scalar, String> {
+    match d {
+        DType::F32 => Ok(Scalar::F32),
+        DType::F16 => Ok(Scalar::F16),
+        DType::BF16 => Ok(Scalar::BF16),
+        _ => Err(format!("a tensor-core matmul with {} values", d.name())),
+    }
 }
 
 /// A dtype as the kernel declares it.
@@ -79,8 +84,14 @@ struct Writer {
     /// The push-constant block of parameter words and its element pointer type.
     params: Word,
     param_ptr: Word,
-    /// The bf16 rounding function (id, type), once asked for.
-    round_fn: Option<(Word, Word)>,
+    /// The per-element function finishing each output (id, type), once asked for.
+    finish_fn: Option<(Word, Word)>,
+    /// The bias's and the residual's buffers and dtypes, where the epilogue reads them.
+    bias: Option<(Word, Scalar)>,
+    residual: Option<(Word, Scalar)>,
+    /// f32 constants by their bits, and the GLSL.std.450 instruction set.
+    float_constants: HashMap<u32, Word>,
+    glsl: Option<Word>,
 }
 
 /// What the loop over k of a tile needs: matrix types (`a`, `b`, sum), zero matrices, the
@@ -113,7 +124,11 @@ impl Writer {
             constants: HashMap::new(),
             params: 0,
             param_ptr: 0,
-            round_fn: None,
+            finish_fn: None,
+            bias: None,
+            residual: None,
+            float_constants: HashMap::new(),
+            glsl: None,
         }
     }
 
@@ -317,7 +332,10 @@ impl Writer {
             self.b.capability(Capability::BFloat16TypeKHR);
             self.b.capability(Capability::BFloat16CooperativeMatrixKHR);
         }
-        if self.output == Scalar::BF16 {
+        let epilogue =
+            kernel.bias.is_some() || kernel.residual.is_some() || kernel.activation.is_some();
+        let finishing = epilogue || self.output == Scalar::BF16;
+        if finishing {
             self.b
                 .capability(Capability::CooperativeMatrixPerElementOperationsNV);
         }
@@ -344,7 +362,18 @@ impl Writer {
         let zero_acc = self.zeros(Scalar::F32, acc);
         let a_var = self.buffer(input, 1, false);
         let b_var = self.buffer(input, 2, false);
-        let o_var = self.buffer(output, 3, true);
+        let mut interface = vec![a_var, b_var];
+        let mut next = 3;
+        for (dtype, slot) in [(kernel.bias, 0), (kernel.residual, 1)] {
+            if let Some(d) = dtype {
+                let s = scalar(d)?;
+                let var = self.buffer(s, next, false);
+                next += 1;
+                interface.push(var);
+                *[&mut self.bias, &mut self.residual][slot] = Some((var, s));
+            }
+        }
+        let o_var = self.buffer(output, next, true);
         let params = self.declare_params();
         let uvec3 = self.b.type_vector(self.u32, 3);
         let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);
@@ -399,6 +428,7 @@ impl Writer {
         let mut rest = entry;
         let mut a_base = self.param("a_offset", 0)?;
         let mut b_base = self.param("b_offset", 0)?;
+        let mut r_base = self.param("res_offset", 0)?;
         for d in (0..BATCH_DIMS).rev() {
             let cd = self.uint(d);
             let active = self
@@ -417,6 +447,11 @@ impl Writer {
             let b_step = self.mul(index, b_stride)?;
             a_base = self.add(a_base, a_step)?;
             b_base = self.add(b_base, b_step)?;
+            if self.residual.is_some() {
+                let r_stride = self.param("res_batch_strides", d)?;
+                let r_step = self.mul(index, r_stride)?;
+                r_base = self.add(r_base, r_step)?;
+            }
         }
         let mn = self.mul(m, n)?;
         let out_step = self.mul(z, mn)?;
@@ -452,11 +487,10 @@ impl Writer {
         let (b_elem, b_rem) = self.aligned(input, b_var, b_base)?;
         self.steps(&steps, [a_lead, b_lead], [a_elem, b_elem], [a_rem, b_rem])?;
         let mut sum = self.b.load(acc, None, sum_var, None, []).map_err(build)?;
-        if output == Scalar::BF16 {
-            // The conversion's rounding is the driver's choice: values are rounded to
-            // nearest-even bf16 first, so that it is exact.
-            let round = self.round_to_bf16_fn()?;
-            sum = self.inst(Op::CooperativeMatrixPerElementOpNV, acc, &[sum, round])?;
+        if finishing {
+            let finish = self.finish_fn()?;
+            let operands = [sum, finish, m0, n0, r_base];
+            sum = self.inst(Op::CooperativeMatrixPerElementOpNV, acc, &operands)?;
         }
         let result = if output == Scalar::F32 {
             sum
@@ -480,21 +514,17 @@ impl Writer {
             .map_err(build)?;
         self.b.ret().map_err(build)?;
         self.b.end_function().map_err(build)?;
-        let round = self.round_fn;
-
-        self.b.entry_point(
-            ExecutionModel::GLCompute,
-            main,
-            "main",
-            [a_var, b_var, o_var, params, wid_var],
-        );
+        let finish = self.finish_fn;
+        interface.extend([o_var, params, wid_var]);
+        self.b
+            .entry_point(ExecutionModel::GLCompute, main, "main", interface);
         self.b.execution_mode(
             main,
             ExecutionMode::LocalSize,
             [TensorMatmul::THREADS, 1, 1],
         );
-        if let Some((id, fn_t)) = round {
-            self.emit_round_to_bf16(id, fn_t)?;
+        if let Some((id, fn_t)) = finish {
+            self.emit_finish(id, fn_t, kernel)?;
         }
         Ok(self.b.module().assemble())
     }
@@ -629,29 +659,163 @@ impl Writer {
             .map_err(build)
     }
 
-    /// The id of the per-element function rounding f32 values to the nearest bf16 (ties to
-    /// even, NaN kept NaN), emitted after the entry point.
-    fn round_to_bf16_fn(&mut self) -> Result<Word, String> {
-        if let Some((id, _)) = self.round_fn {
+    /// The id of the per-element function that finishes each output, emitted after the entry
+    /// point: `(row, column, value, tile's first row, its first column, the residual's batch
+    /// offset)`.
+    fn finish_fn(&mut self) -> Result<Word, String> {
+        if let Some((id, _)) = self.finish_fn {
             return Ok(id);
         }
-        let f32_t = self.float(Scalar::F32);
-        let fn_t = self.b.type_function(f32_t, [self.u32, self.u32, f32_t]);
+        let (f32_t, u) = (self.float(Scalar::F32), self.u32);
+        let fn_t = self.b.type_function(f32_t, [u, u, f32_t, u, u, u]);
         let id = self.b.id();
-        self.round_fn = Some((id, fn_t));
+        self.finish_fn = Some((id, fn_t));
         Ok(id)
     }
 
-    fn emit_round_to_bf16(&mut self, id: Word, fn_t: Word) -> Result<(), String> {
-        let f32_t = self.float(Scalar::F32);
-        let u = self.u32;
+    /// The finishing function, as the WGSL kernels' epilogue: the bias, the activation and
+    /// the residual, then (bf16 outputs) rounding to nearest-even bf16, which makes the
+    /// conversion exact whatever rounding the driver's conversion does. Rows and columns past
+    /// the matrix read the last row or column (their outputs are not stored).
+    fn emit_finish(&mut self, id: Word, fn_t: Word, kernel: &TensorMatmul) -> Result<(), String> {
+        let (f32_t, u) = (self.float(Scalar::F32), self.u32);
         self.b
             .begin_function(f32_t, Some(id), FunctionControl::NONE, fn_t)
             .map_err(build)?;
-        self.b.function_parameter(u).map_err(build)?;
-        self.b.function_parameter(u).map_err(build)?;
-        let x = self.b.function_parameter(f32_t).map_err(build)?;
+        let row = self.b.function_parameter(u).map_err(build)?;
+        let col = self.b.function_parameter(u).map_err(build)?;
+        let mut v = self.b.function_parameter(f32_t).map_err(build)?;
+        let m0 = self.b.function_parameter(u).map_err(build)?;
+        let n0 = self.b.function_parameter(u).map_err(build)?;
+        let r_base = self.b.function_parameter(u).map_err(build)?;
         self.b.begin_block(None).map_err(build)?;
+        let one = self.uint(1);
+        let (m, n) = (self.param("m", 0)?, self.param("n", 0)?);
+        let (last_row, last_col) = (self.op(Op::ISub, m, one)?, self.op(Op::ISub, n, one)?);
+        let gm = self.add(m0, row)?;
+        let gm = self.min(gm, last_row)?;
+        let gn = self.add(n0, col)?;
+        let gn = self.min(gn, last_col)?;
+        if let Some((var, s)) = self.bias {
+            let stride = self.param("bias_stride", 0)?;
+            let at = self.mul(gn, stride)?;
+            let offset = self.param("bias_offset", 0)?;
+            let at = self.add(offset, at)?;
+            let x = self.load_value(var, s, at)?;
+            v = self.inst(Op::FAdd, f32_t, &[v, x])?;
+        }
+        if let Some(activation) = kernel.activation {
+            v = self.activate(activation, v)?;
+        }
+        if let Some((var, s)) = self.residual {
+            let rows = self.param("res_row_stride", 0)?;
+            let cols = self.param("res_col_stride", 0)?;
+            let down = self.mul(gm, rows)?;
+            let across = self.mul(gn, cols)?;
+            let at = self.add(r_base, down)?;
+            let at = self.add(at, across)?;
+            let x = self.load_value(var, s, at)?;
+            v = self.inst(Op::FAdd, f32_t, &[v, x])?;
+        }
+        if self.output == Scalar::BF16 {
+            v = self.round_to_bf16(v)?;
+        }
+        self.b.ret_value(v).map_err(build)?;
+        self.b.end_function().map_err(build)
+    }
+
+    /// Element `at` of buffer `var` (of `s` values) as f32.
+    fn load_value(&mut self, var: Word, s: Scalar, at: Word) -> Result<Word, String> {
+        let ptr = self.element_ptr(s, var, at)?;
+        let t = self.float(s);
+        let x = self.b.load(t, None, ptr, None, []).map_err(build)?;
+        if s == Scalar::F32 {
+            return Ok(x);
+        }
+        let f32_t = self.float(Scalar::F32);
+        self.b.f_convert(f32_t, None, x).map_err(build)
+    }
+
+    fn constant(&mut self, v: f32) -> Word {
+        if let Some(&c) = self.float_constants.get(&v.to_bits()) {
+            return c;
+        }
+        let t = self.float(Scalar::F32);
+        let c = self.b.constant_bit32(t, v.to_bits());
+        self.float_constants.insert(v.to_bits(), c);
+        c
+    }
+
+    /// GLSL.std.450 instruction `number` on `x`.
+    fn glsl(&mut self, number: u32, x: Word) -> Result<Word, String> {
+        let set = match self.glsl {
+            Some(set) => set,
+            None => {
+                let set = self.b.ext_inst_import("GLSL.std.450");
+                self.glsl = Some(set);
+                set
+            }
+        };
+        let t = self.float(Scalar::F32);
+        self.b
+            .ext_inst(t, None, set, number, [Operand::IdRef(x)])
+            .map_err(build)
+    }
+
+    /// `activation` of `x`, as `common.wgsl` defines it (ReLU keeping NaN, GELU's tanh form
+    /// with the same overflow-free tanh, SiLU).
+    fn activate(&mut self, activation: UnaryOp, x: Word) -> Result<Word, String> {
+        const EXP: u32 = 27;
+        const FABS: u32 = 4;
+        let (f, b) = (self.float(Scalar::F32), self.bool);
+        let (zero, one) = (self.constant(0.0), self.constant(1.0));
+        match activation {
+            UnaryOp::Relu => {
+                let above = self.inst(Op::FOrdGreaterThan, b, &[x, zero])?;
+                let nan = self.inst(Op::IsNan, b, &[x])?;
+                let keep = self.inst(Op::LogicalOr, b, &[above, nan])?;
+                self.inst(Op::Select, f, &[keep, x, zero])
+            }
+            UnaryOp::Silu => {
+                let neg = self.inst(Op::FNegate, f, &[x])?;
+                let e = self.glsl(EXP, neg)?;
+                let d = self.inst(Op::FAdd, f, &[one, e])?;
+                self.inst(Op::FDiv, f, &[x, d])
+            }
+            UnaryOp::Gelu => {
+                let x2 = self.inst(Op::FMul, f, &[x, x])?;
+                let x3 = self.inst(Op::FMul, f, &[x2, x])?;
+                let c = self.constant(0.044715);
+                let cx3 = self.inst(Op::FMul, f, &[c, x3])?;
+                let inner = self.inst(Op::FAdd, f, &[x, cx3])?;
+                let k = self.constant(0.797_884_6);
+                let y = self.inst(Op::FMul, f, &[k, inner])?;
+                // tanh(y) from exp(-2 |y|), small |y| as y.
+                let ay = self.glsl(FABS, y)?;
+                let minus_two = self.constant(-2.0);
+                let arg = self.inst(Op::FMul, f, &[minus_two, ay])?;
+                let e = self.glsl(EXP, arg)?;
+                let num = self.inst(Op::FSub, f, &[one, e])?;
+                let den = self.inst(Op::FAdd, f, &[one, e])?;
+                let t = self.inst(Op::FDiv, f, &[num, den])?;
+                let minus_t = self.inst(Op::FNegate, f, &[t])?;
+                let negative = self.inst(Op::FOrdLessThan, b, &[y, zero])?;
+                let t = self.inst(Op::Select, f, &[negative, minus_t, t])?;
+                let tiny = self.constant(0.0004);
+                let small = self.inst(Op::FOrdLessThan, b, &[ay, tiny])?;
+                let t = self.inst(Op::Select, f, &[small, y, t])?;
+                let half = self.constant(0.5);
+                let hx = self.inst(Op::FMul, f, &[half, x])?;
+                let one_t = self.inst(Op::FAdd, f, &[one, t])?;
+                self.inst(Op::FMul, f, &[hx, one_t])
+            }
+            other => Err(format!("a tensor-core matmul with a {other:?} epilogue")),
+        }
+    }
+
+    /// `x` rounded to the nearest bf16 value (ties to even; NaN stays NaN), still as f32.
+    fn round_to_bf16(&mut self, x: Word) -> Result<Word, String> {
+        let (f32_t, u) = (self.float(Scalar::F32), self.u32);
         let bits = self.b.bitcast(u, None, x).map_err(build)?;
         let sixteen = self.uint(16);
         let one = self.uint(1);
@@ -667,9 +831,7 @@ impl Writer {
         let quiet = self.op(Op::BitwiseAnd, quiet, high)?;
         let nan = self.b.is_nan(self.bool, None, x).map_err(build)?;
         let chosen = self.b.select(u, None, nan, quiet, rounded).map_err(build)?;
-        let value = self.b.bitcast(f32_t, None, chosen).map_err(build)?;
-        self.b.ret_value(value).map_err(build)?;
-        self.b.end_function().map_err(build)
+        self.b.bitcast(f32_t, None, chosen).map_err(build)
     }
 
     /// A 16-byte aligned pointer into the array of buffer `var` (of `s` values) at or before
@@ -718,10 +880,32 @@ mod tests {
                                 a_k_contiguous,
                                 b_k_contiguous,
                                 narrow,
+                                bias: None,
+                                activation: None,
+                                residual: None,
                             });
                         }
                     }
                 }
+            }
+            // Epilogues: a bias (of the output's dtype, or f32), each activation, a residual.
+            let activations = [
+                None,
+                Some(UnaryOp::Relu),
+                Some(UnaryOp::Gelu),
+                Some(UnaryOp::Silu),
+            ];
+            for (i, activation) in activations.into_iter().enumerate() {
+                all.push(TensorMatmul {
+                    input,
+                    output: input,
+                    a_k_contiguous: true,
+                    b_k_contiguous: i % 2 == 0,
+                    narrow: false,
+                    bias: Some(if i < 2 { input } else { DType::F32 }),
+                    activation,
+                    residual: (i != 1).then_some(input),
+                });
             }
         }
         all
@@ -746,6 +930,9 @@ mod tests {
             a_k_contiguous: true,
             b_k_contiguous: true,
             narrow: false,
+            bias: None,
+            activation: None,
+            residual: None,
         };
         assert!(spirv(&kernel).unwrap_err().contains("f32"));
         let kernel = TensorMatmul {
@@ -754,5 +941,11 @@ mod tests {
             ..kernel
         };
         assert!(spirv(&kernel).unwrap_err().contains("i32"));
+        let kernel = TensorMatmul {
+            output: DType::F16,
+            activation: Some(UnaryOp::Exp),
+            ..kernel
+        };
+        assert!(spirv(&kernel).unwrap_err().contains("Exp"));
     }
 }

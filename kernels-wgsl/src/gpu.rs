@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tessera_core::exec::{binding_window, PartLauncher};
-use tessera_core::{Buffer, DType, Error, Limits, Result, TensorRef};
+use tessera_core::{Buffer, DType, Error, Limits, Result, TensorRef, UnaryOp};
 
 /// What a device's kernels are built for, beyond the op and its dtypes.
 #[derive(Clone, Copy, Debug)]
@@ -39,11 +39,12 @@ pub enum Source {
 /// straight from the operands through tensor layouts (`VK_NV_cooperative_matrix2`), the
 /// driver staging them through workgroup memory.
 ///
-/// The kernel computes `out[z, m, n] = a[z, m, :] x b[z, :, n]` over output tiles of
+/// The kernel computes `out[z, m, n] = epilogue(a[z, m, :] x b[z, :, n])` over output tiles of
 /// [`TensorMatmul::tile`] (grid x over n, y over m, z over the batch times the split-K
 /// parts), with f32 sums stored as the output's dtype at `out_offset + z * m * n`, row-major.
 /// It reads the launch's matmul parameter words ([`crate::matmul_param_word`]): sizes, offsets,
-/// operand strides, split-K and batch dimensions. Bindings: `a`, `b`, the output.
+/// operand strides, split-K and batch dimensions, the bias's and residual's. Bindings: `a`,
+/// `b`, the bias and the residual where the epilogue has them, the output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMatmul {
     /// Both operands' dtype: f16, or bf16.
@@ -56,6 +57,11 @@ pub struct TensorMatmul {
     pub b_k_contiguous: bool,
     /// Whether the tile is [`TensorMatmul::NARROW_TILE`] rather than [`TensorMatmul::TILE`].
     pub narrow: bool,
+    /// The epilogue, as the WGSL kernels apply it: the bias's dtype (a binding after `b`),
+    /// an activation (ReLU, GELU or SiLU), the residual's dtype (the binding after the bias).
+    pub bias: Option<DType>,
+    pub activation: Option<UnaryOp>,
+    pub residual: Option<DType>,
 }
 
 impl TensorMatmul {

@@ -775,9 +775,9 @@ fn launch_split(
 
 /// The backend's own tensor-core kernel ([`TensorMatmul`]) where it serves `problem` (both
 /// operands contiguous along their faster dimension, `(a, b)` along k or not in `k_fast`, and
-/// a grid within the device's limits): straight into the output for a plain product in one
-/// part, else into f32 sums that `sum_splits` adds and finishes with the epilogue. `None`
-/// where it does not serve, for the WGSL kernels to run.
+/// a grid within the device's limits): straight into the output, epilogue included, for a
+/// product in one part; split over K, into f32 sums that `sum_splits` adds and finishes with
+/// the epilogue. `None` where it does not serve, for the WGSL kernels to run.
 fn launch_tensor(
     gpu: &dyn Gpu,
     op: &Op,
@@ -810,14 +810,15 @@ fn launch_tensor(
         return None;
     }
     let grid = grid.map(|g| g as u32);
-    let kernel = |output| {
-        Source::TensorMatmul(TensorMatmul {
-            input: a.dtype,
-            output,
-            a_k_contiguous: k_fast.0,
-            b_k_contiguous: k_fast.1,
-            narrow,
-        })
+    let plain = TensorMatmul {
+        input: a.dtype,
+        output: DType::F32,
+        a_k_contiguous: k_fast.0,
+        b_k_contiguous: k_fast.1,
+        narrow,
+        bias: None,
+        activation: None,
+        residual: None,
     };
     let shape = if narrow { "/narrow" } else { "" };
     let variant = format!("tensor/{}/{}{shape}", subst[2].1, subst[3].1);
@@ -827,18 +828,22 @@ fn launch_tensor(
         res_at: None,
         ..*problem
     };
-    if *op == PLAIN && problem.splits == 1 {
-        let key = key(&PLAIN, &inputs[..2], outputs, &variant);
-        let kernel = kernel(outputs[0].dtype);
-        return Some(run_native(
-            gpu,
-            &key,
-            kernel,
-            &inputs[..2],
-            outputs,
-            grid,
-            |o| operands.params(o),
-        ));
+    if problem.splits == 1 {
+        let Op::Matmul { activation, .. } = *op else {
+            return None;
+        };
+        let kernel = TensorMatmul {
+            output: outputs[0].dtype,
+            bias: problem.bias_at.map(|i| inputs[i - 1].dtype),
+            activation,
+            residual: problem.res_at.map(|i| inputs[i - 1].dtype),
+            ..plain
+        };
+        let key = key(op, inputs, outputs, &variant);
+        let kernel = Source::TensorMatmul(kernel);
+        return Some(run_native(gpu, &key, kernel, inputs, outputs, grid, |o| {
+            problem.params(o)
+        }));
     }
     let partial_bytes = 4 * problem.batch * problem.splits * m * n;
     if partial_bytes as u64 > gpu.max_binding() {
@@ -855,7 +860,7 @@ fn launch_tensor(
         run_native(
             gpu,
             &key,
-            kernel(DType::F32),
+            Source::TensorMatmul(plain),
             &inputs[..2],
             &[sums],
             grid,

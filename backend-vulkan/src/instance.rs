@@ -61,6 +61,10 @@ pub(crate) struct Physical {
 /// Vulkan 1.2: timeline semaphores, 16-bit storage and `shaderFloat16` are core there.
 const API_VERSION: u32 = vk::API_VERSION_1_2;
 
+/// Vulkan 1.3, asked for where the loader offers it: the tensor-core matmul is SPIR-V 1.6
+/// (`VK_NV_cooperative_matrix2` requires it), which a device takes from 1.3 on.
+const SPIRV_1_6_VERSION: u32 = vk::API_VERSION_1_3;
+
 /// The instance, or why there is none (no loader, no driver, too old a driver).
 pub(crate) fn instance() -> Result<&'static Instance, String> {
     static INSTANCE: OnceLock<Result<Instance, String>> = OnceLock::new();
@@ -82,10 +86,11 @@ fn create() -> Result<Instance, String> {
             vk::api_version_minor(version)
         ));
     }
+    let api = version.min(SPIRV_1_6_VERSION);
     let app = vk::ApplicationInfo::default()
         .application_name(c"tessera")
         .engine_name(c"tessera")
-        .api_version(API_VERSION);
+        .api_version(api);
     let info = vk::InstanceCreateInfo::default().application_info(&app);
     let _setup = DEVICE_SETUP.lock().unwrap_or_else(|p| p.into_inner());
     // SAFETY: `info` and what it points to live through the call; the instance is destroyed
@@ -97,7 +102,7 @@ fn create() -> Result<Instance, String> {
         .map_err(|e| format!("vkEnumeratePhysicalDevices: {e}"))?;
     let devices = handles
         .into_iter()
-        .filter_map(|pd| usable(&entry, &instance, pd))
+        .filter_map(|pd| usable(&entry, &instance, api, pd))
         .collect();
     Ok(Instance {
         _entry: entry,
@@ -110,10 +115,11 @@ fn create() -> Result<Instance, String> {
 pub(crate) const REQUIRED_EXTENSIONS: [&CStr; 1] = [ash::khr::push_descriptor::NAME];
 
 /// `pd` with what opening it needs, if it can run the kernels: Vulkan 1.2, a compute queue,
-/// push descriptors, timeline semaphores and 16-bit storage.
+/// push descriptors, timeline semaphores and 16-bit storage. `api` is the instance's version.
 fn usable(
     entry: &ash::Entry,
     instance: &ash::Instance,
+    api: u32,
     pd: vk::PhysicalDevice,
 ) -> Option<Physical> {
     // SAFETY: `pd` came from this instance.
@@ -152,7 +158,8 @@ fn usable(
         && cores.is_some_and(|c| c.bf16)
         && has(SHADER_BFLOAT16)
         && bfloat16_features(instance, pd);
-    let tensor_matmul = tensor_cores && has(COOPERATIVE_MATRIX2) && {
+    let spirv_1_6 = api.min(props.api_version) >= SPIRV_1_6_VERSION;
+    let tensor_matmul = tensor_cores && spirv_1_6 && has(COOPERATIVE_MATRIX2) && {
         let (f16, bf16) = tensor_matmul_inputs(entry, instance, pd);
         f16 && (bf16 || !bf16_tensor_cores)
     };

@@ -25,14 +25,14 @@ use rspirv::spirv::{
     TensorClampMode, Word,
 };
 use tessera_core::{DType, UnaryOp};
-use tessera_wgsl::{matmul_param_word, TensorMatmul};
+use tessera_wgsl::{matmul_param_word, matmul_param_words, TensorMatmul, MAX_BATCH_DIMS};
 
 /// `CooperativeMatrixUse` values.
 const USE_A: u32 = 0;
 const USE_B: u32 = 1;
 const USE_ACCUMULATOR: u32 = 2;
-/// The matmul parameter block's batch dimensions (`MAX_BATCH_DIMS` in the planner).
-const BATCH_DIMS: u32 = 6;
+/// The matmul parameter block's batch dimensions.
+const BATCH_DIMS: u32 = MAX_BATCH_DIMS as u32;
 
 /// The kernel's SPIR-V words, or what stops it (a dtype it does not take, or a parameter the
 /// block lacks).
@@ -211,8 +211,7 @@ impl Writer {
 
     /// The push-constant block: the matmul parameter words as one array.
     fn declare_params(&mut self) -> Word {
-        let words = matmul_param_word("res_batch_strides").unwrap_or(0) as u32 + BATCH_DIMS;
-        let count = self.uint(words);
+        let count = self.uint(matmul_param_words() as u32);
         let array = self.b.type_array(self.u32, count);
         self.b
             .decorate(array, Decoration::ArrayStride, [Operand::LiteralBit32(4)]);
@@ -783,10 +782,11 @@ impl Writer {
                 self.inst(Op::FDiv, f, &[x, d])
             }
             UnaryOp::Gelu => {
-                let x2 = self.inst(Op::FMul, f, &[x, x])?;
-                let x3 = self.inst(Op::FMul, f, &[x2, x])?;
+                // 0.044715 * x * x * x, multiplied in WGSL's order.
                 let c = self.constant(0.044715);
-                let cx3 = self.inst(Op::FMul, f, &[c, x3])?;
+                let cx = self.inst(Op::FMul, f, &[c, x])?;
+                let cx2 = self.inst(Op::FMul, f, &[cx, x])?;
+                let cx3 = self.inst(Op::FMul, f, &[cx2, x])?;
                 let inner = self.inst(Op::FAdd, f, &[x, cx3])?;
                 let k = self.constant(0.797_884_6);
                 let y = self.inst(Op::FMul, f, &[k, inner])?;

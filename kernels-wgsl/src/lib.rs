@@ -60,4 +60,4 @@ pub use gpu::{
     INDICES_IN_RANGE, WG,
 };
 pub use kernel::WgslKernel;
-pub use matmul::matmul_param_word;
+pub use matmul::{matmul_param_word, matmul_param_words, MAX_BATCH_DIMS};

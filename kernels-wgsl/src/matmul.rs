@@ -28,7 +28,7 @@ use tessera_core::exec::split;
 const SRC: &str = include_str!("../kernels/matmul.wgsl");
 
 /// Batch dimensions the kernels index, after merging those every operand steps through alike.
-const MAX_BATCH_DIMS: usize = 6;
+pub const MAX_BATCH_DIMS: usize = 6;
 
 param_block! {
     /// A matmul's parameters: `[batch..., m, n] += [batch..., m, k] x [batch..., k, n]`, each
@@ -67,6 +67,11 @@ param_block! {
 /// `batch_shape`: the first of an array's words), as [`TensorMatmul`] kernels read it.
 pub fn matmul_param_word(field: &str) -> Option<usize> {
     MatmulParams::word_of(field)
+}
+
+/// How many words the matmul parameters take.
+pub fn matmul_param_words() -> usize {
+    MatmulParams::default().words().len()
 }
 
 /// Matmuls with at most this many rows run a few-rows kernel instead of the 128 x 128 tiles:
@@ -805,8 +810,14 @@ fn launch_tensor(
         m.div_ceil(tm),
         problem.batch * problem.splits,
     ];
-    let fits_grid = grid.iter().all(|&g| g as u32 == gpu.dim(g));
-    if !a_unit || !b_unit || !fits_grid || m * n * problem.batch == 0 {
+    let fits_grid = grid
+        .iter()
+        .all(|&g| u32::try_from(g).is_ok_and(|g| g == gpu.dim(g as usize)));
+    // The kernel reads its parameters as immediates and its operands through 16-byte aligned
+    // pointers, so bindings must start on 16 bytes.
+    let immediate = gpu.build(matmul_param_words()).immediate_words.is_some();
+    let aligned = gpu.align() % 16 == 0;
+    if !a_unit || !b_unit || !fits_grid || !immediate || !aligned || m * n * problem.batch == 0 {
         return None;
     }
     let grid = grid.map(|g| g as u32);
@@ -828,7 +839,20 @@ fn launch_tensor(
         res_at: None,
         ..*problem
     };
+    let partial_bytes = 4 * problem.batch * problem.splits * m * n;
+    // Split sums past one binding: the product runs in one part instead.
+    let unsplit = Problem {
+        splits: 1,
+        k_per_split: problem.k,
+        ..*problem
+    };
+    let problem = if partial_bytes as u64 > gpu.max_binding() {
+        &unsplit
+    } else {
+        problem
+    };
     if problem.splits == 1 {
+        let grid = [grid[0], grid[1], gpu.dim(problem.batch)];
         let Op::Matmul { activation, .. } = *op else {
             return None;
         };
@@ -844,10 +868,6 @@ fn launch_tensor(
         return Some(run_native(gpu, &key, kernel, inputs, outputs, grid, |o| {
             problem.params(o)
         }));
-    }
-    let partial_bytes = 4 * problem.batch * problem.splits * m * n;
-    if partial_bytes as u64 > gpu.max_binding() {
-        return None;
     }
     Some((|| {
         let (partials, layout) = partial_sums(gpu, partial_bytes)?;

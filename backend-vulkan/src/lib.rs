@@ -36,7 +36,8 @@
 //! subgroups of 32, so devices that may pick another size (AMD's 32 or 64) qualify too.
 //!
 //! Where the device also offers `VK_NV_cooperative_matrix2` (workgroup-scope matrices of
-//! flexible sizes, loaded through tensor layouts) for the tiles of `TensorMatmul`, f16 and
+//! flexible sizes, loaded through tensor layouts) for the tiles of `TensorMatmul`, and Vulkan
+//! 1.3 (the instance asks for 1.3 where the loader has it: the kernel is SPIR-V 1.6), f16 and
 //! bf16 matmuls over output tiles run a kernel of their own instead, written as SPIR-V with
 //! rspirv beside the shared source (`tensor_matmul.rs`; the extension's declarations in
 //! `cooperative_matrix2.rs`): the driver stages its 256 x 128 tiles through workgroup memory,

@@ -209,6 +209,18 @@ impl Writer {
         var
     }
 
+    /// A read-only buffer of dtype `d` at the binding after those in `interface`, added there.
+    fn read_binding(
+        &mut self,
+        d: DType,
+        interface: &mut Vec<Word>,
+    ) -> Result<(Word, Scalar), String> {
+        let s = scalar(d)?;
+        let var = self.buffer(s, interface.len() as u32 + 1, false);
+        interface.push(var);
+        Ok((var, s))
+    }
+
     /// The push-constant block: the matmul parameter words as one array.
     fn declare_params(&mut self) -> Word {
         let count = self.uint(matmul_param_words() as u32);
@@ -362,17 +374,16 @@ impl Writer {
         let a_var = self.buffer(input, 1, false);
         let b_var = self.buffer(input, 2, false);
         let mut interface = vec![a_var, b_var];
-        let mut next = 3;
-        for (dtype, slot) in [(kernel.bias, 0), (kernel.residual, 1)] {
-            if let Some(d) = dtype {
-                let s = scalar(d)?;
-                let var = self.buffer(s, next, false);
-                next += 1;
-                interface.push(var);
-                *[&mut self.bias, &mut self.residual][slot] = Some((var, s));
-            }
-        }
-        let o_var = self.buffer(output, next, true);
+        // The epilogue's inputs take the bindings after `b`, in order.
+        self.bias = kernel
+            .bias
+            .map(|d| self.read_binding(d, &mut interface))
+            .transpose()?;
+        self.residual = kernel
+            .residual
+            .map(|d| self.read_binding(d, &mut interface))
+            .transpose()?;
+        let o_var = self.buffer(output, interface.len() as u32 + 1, true);
         let params = self.declare_params();
         let uvec3 = self.b.type_vector(self.u32, 3);
         let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);

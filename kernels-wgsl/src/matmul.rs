@@ -71,7 +71,7 @@ pub fn matmul_param_word(field: &str) -> Option<usize> {
 
 /// How many words the matmul parameters take.
 pub fn matmul_param_words() -> usize {
-    MatmulParams::default().words().len()
+    MatmulParams::WORDS
 }
 
 /// Matmuls with at most this many rows run a few-rows kernel instead of the 128 x 128 tiles:
@@ -799,12 +799,17 @@ fn launch_tensor(
     let b_unit = unit(b, if k_fast.1 { r - 2 } else { r - 1 });
     let (m, n) = (problem.m, problem.n);
     let narrow = n <= TensorMatmul::NARROW_TILE[1] as usize;
-    let tile = if narrow {
-        TensorMatmul::NARROW_TILE
-    } else {
-        TensorMatmul::TILE
+    let plain = TensorMatmul {
+        input: a.dtype,
+        output: DType::F32,
+        a_k_contiguous: k_fast.0,
+        b_k_contiguous: k_fast.1,
+        narrow,
+        bias: None,
+        activation: None,
+        residual: None,
     };
-    let [tm, tn, _] = tile.map(|t| t as usize);
+    let [tm, tn, _] = plain.tile().map(|t| t as usize);
     let grid = [
         n.div_ceil(tn),
         m.div_ceil(tm),
@@ -821,16 +826,6 @@ fn launch_tensor(
         return None;
     }
     let grid = grid.map(|g| g as u32);
-    let plain = TensorMatmul {
-        input: a.dtype,
-        output: DType::F32,
-        a_k_contiguous: k_fast.0,
-        b_k_contiguous: k_fast.1,
-        narrow,
-        bias: None,
-        activation: None,
-        residual: None,
-    };
     let shape = if narrow { "/narrow" } else { "" };
     let variant = format!("tensor/{}/{}{shape}", subst[2].1, subst[3].1);
     let operands = Problem {

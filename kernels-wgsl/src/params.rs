@@ -53,6 +53,8 @@ pub(crate) trait ParamBlock {
     fn wgsl() -> String;
     /// The words a launch passes, in field order.
     fn words(&self) -> Vec<u32>;
+    /// How many words the block takes.
+    const WORDS: usize;
     /// The index of field `name`'s first word, for kernels not written in WGSL.
     fn word_of(name: &str) -> Option<usize>;
 }
@@ -86,6 +88,8 @@ macro_rules! param_block {
                 $($crate::params::Field::push(&self.$field, &mut words);)*
                 words
             }
+
+            const WORDS: usize = 0 $(+ <$ty as $crate::params::Field>::WORDS)*;
 
             fn word_of(name: &str) -> Option<usize> {
                 let mut at = 0;
@@ -141,6 +145,7 @@ mod tests {
         assert_eq!(Sample::word_of("eps"), Some(1));
         assert_eq!(Sample::word_of("offsets"), Some(2));
         assert_eq!(Sample::word_of("columns"), None);
+        assert_eq!(Sample::WORDS, block.words().len());
     }
 
     /// Every kernel's block fits the 64 words that immediates hold.

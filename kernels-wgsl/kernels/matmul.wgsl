@@ -367,12 +367,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 // @kernel rows_wide
 // Few rows with `a` and `b` contiguous in k and read as 16-byte vectors (VEC elements each,
-// `dotv` their dot product in f32; source.rs), on devices with subgroups: a subgroup per output column,
-// its lanes taking every width-th vector of the column's k, their sums met by one subgroupAdd
-// (in the device's fixed order, so results are deterministic). A subgroup's load moves 16
-// bytes a lane where `rows` moves one element, and bytes in flight are what a matrix-vector
-// product waits on. Small workgroups spread narrow matrices over every multiprocessor. The
-// upper-case parts are generated for M rows and the operands' dtype (matmul.rs).
+// `dotv` their dot product in f32; source.rs), on devices with subgroups: a subgroup per output
+// column, its lanes taking every width-th vector of the column's k, UNROLL of them per step
+// (loaded before any is summed), their sums met by one subgroupAdd (in the device's fixed
+// order, so results are deterministic). A subgroup's load moves 16 bytes a lane where `rows`
+// moves one element, and bytes in flight are what a matrix-vector product waits on. Small
+// workgroups spread narrow matrices over every multiprocessor. The upper-case parts are
+// generated for M rows, the operands' dtype and the epilogue (matmul.rs).
 VECTOR_MATH
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) sgs: u32, @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
@@ -389,13 +390,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let o_base = params.out_offset + z * m * n;
         for (var gn = wid.x * sgs + sg; gn < n; gn += nwg.x * sgs) {
             let bn = b_base + gn * sbn;
+            EARLY
             ZERO
-            var kk = lane;
-            for (; kk + 3u * width < kv; kk += 4u * width) {
-                MAC4
-            }
-            for (; kk < kv; kk += width) {
-                MAC1
+            for (var kk = lane; kk < kv; kk += UNROLL_U * width) {
+                MACS
             }
             FINISH
         }

@@ -149,6 +149,76 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel reduce_columns
+// Reductions over the rows of a matrix whose outputs lie next to each other in the input (bias
+// gradients: [8192, n] summed over its rows), first step: a workgroup takes 64 consecutive
+// outputs and `chunk_len` of their rows, four threads an output each taking every fourth row,
+// so that consecutive threads read consecutive elements (a workgroup per output, as in
+// `reduce_group`, reads one element of each 32-byte sector it fetches), and leaves each
+// output's result over the chunk in binding 3. `reduce_columns_finish` combines the chunks.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nout = params.rows;
+    let nred = params.row_len;
+    let chunks = params.chunks;
+    let span = params.chunk_len;
+    let blocks = (nout + 63u) / 64u;
+    let rs = run_stride();
+    for (var t = group_index(wid, nwg); t < blocks * chunks; t += group_count(nwg)) {
+        let o = (t % blocks) * 64u + lid % 64u;
+        let chunk = t / blocks;
+        let end = min((chunk + 1u) * span, nred);
+        // Lanes past the last output read its elements again and write nothing.
+        let base = in_at(min(o, nout - 1u), 0u);
+        var acc = INIT;
+        var r = chunk * span + lid / 64u;
+        for (; r + 12u < end; r += 16u) {
+            let x = vec4<f32>(ld1(base + r * rs), ld1(base + (r + 4u) * rs), ld1(base + (r + 8u) * rs), ld1(base + (r + 12u) * rs));
+            { let a = acc; let b = x.x; acc = COMBINE; }
+            { let a = acc; let b = x.y; acc = COMBINE; }
+            { let a = acc; let b = x.z; acc = COMBINE; }
+            { let a = acc; let b = x.w; acc = COMBINE; }
+        }
+        for (; r < end; r += 4u) {
+            let a = acc;
+            let b = ld1(base + r * rs);
+            acc = COMBINE;
+        }
+        red[lid] = acc;
+        workgroupBarrier();
+        if (lid < 64u && o < nout) {
+            var v = red[lid];
+            for (var q = 1u; q < 4u; q++) {
+                let a = v;
+                let b = red[lid + 64u * q];
+                v = COMBINE;
+            }
+            st3(params.offsets[2] + chunk * nout + o, v);
+        }
+        workgroupBarrier();
+    }
+}
+
+// @kernel reduce_columns_finish
+// Reductions over the rows of a matrix, second step: a thread per output combines its
+// `chunks` results from binding 3 in order and writes the output.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nout = params.rows;
+    let nred = params.row_len;
+    let step = group_count(nwg) * WG;
+    for (var o = group_index(wid, nwg) * WG + lid; o < nout; o += step) {
+        var acc = INIT;
+        for (var c = 0u; c < params.chunks; c++) {
+            let a = acc;
+            let b = ld3(params.offsets[2] + c * nout + o);
+            acc = COMBINE;
+        }
+        let v = acc;
+        st2(params.offsets[1] + o, FINISH);
+    }
+}
+
 // @kernel argmax
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

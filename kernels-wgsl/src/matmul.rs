@@ -163,44 +163,48 @@ fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
         && wide_along(gpu, b, r - 2).is_some()
 }
 
-/// The per-row code of the `rows_wide` kernel for `m` rows of `dtype`.
-fn wide_rows_code(m: usize, dtype: DType) -> Vec<(&'static str, String)> {
+/// Vectors of k each lane of the `rows_wide` kernel loads at once: every load of a step is
+/// issued before any sum waits on one, so a product over a short k (decoding's 768) waits on
+/// memory once, not once per vector.
+const WIDE_ROWS_UNROLL: usize = 4;
+
+/// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`.
+/// A step's loads past k read the last vector again (clamped, so every load is in bounds and
+/// none waits on a branch) and count for nothing. The epilogue's operands are read before the
+/// products, so their loads wait alongside the first step's.
+fn wide_rows_code(m: usize, dtype: DType, epilogue: &Epilogue) -> Vec<(&'static str, String)> {
     let each = |t: &str| {
         (0..m)
             .map(|r| t.replace('#', &r.to_string()))
             .collect::<String>()
     };
-    let step = |j: usize| match j {
-        0 => String::new(),
-        _ => format!(" + {j}u * width"),
-    };
-    let term = |j: usize| format!("dotv(ldv1(a_base + #u * sam + kk{}), w{j})", step(j));
-    let loads = (0..4)
-        .map(|j| format!("let w{j} = ldv2(bn + kk{});\n", step(j)))
+    let loads = (0..WIDE_ROWS_UNROLL)
+        .map(|j| {
+            format!("let i{j} = kk + {j}u * width;\nlet w{j} = ldv2(bn + min(i{j}, kv - 1u));\n")
+        })
         .collect::<String>();
+    let terms = (0..WIDE_ROWS_UNROLL)
+        .map(|j| {
+            format!(
+                "select(0.0, dotv(ldv1(a_base + #u * sam + min(i{j}, kv - 1u)), w{j}), i{j} < kv)"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let (late, store) = (&epilogue.late, &epilogue.store);
     vec![
         ("VECTOR_MATH", wide_helpers(dtype)),
+        ("UNROLL_U", format!("{WIDE_ROWS_UNROLL}u")),
+        ("EARLY", epilogue.early.clone() + &each(&epilogue.early_row)),
         ("ZERO", each("var acc# = 0.0;\n")),
-        (
-            "MAC4",
-            loads
-                + &each(&format!(
-                    "acc# += ({} + {}) + ({} + {});\n",
-                    term(0),
-                    term(1),
-                    term(2),
-                    term(3)
-                )),
-        ),
-        (
-            "MAC1",
-            "let w0 = ldv2(bn + kk);\n".to_string() + &each(&format!("acc# += {};\n", term(0))),
-        ),
+        ("MACS", loads + &each(&format!("acc# += {terms};\n"))),
         (
             "FINISH",
             each("let s# = subgroupAdd(acc#);\n")
                 + "if (lane == 0u) {\n"
-                + &each("put(m, n, #u, gn, r_base, o_base, s#);\n")
+                + &each(&format!(
+                    "{{\nvar v = s#;\n{late}{store}(o_base + #u * n + gn, v);\n}}\n"
+                ))
                 + "}\n",
         ),
     ]
@@ -442,6 +446,12 @@ struct Epilogue {
     res_at: Option<usize>,
     /// The activation as the kernels' `activate` reads it from the parameters.
     activation: usize,
+    /// The same epilogue for kernels that read its operands before the products (`rows_wide`):
+    /// `early` loads column `gn`'s bias into `eb`, `early_row` row `#`'s residual into `er#`,
+    /// and `late` applies them to `v`, the sum of row `#`.
+    early: String,
+    early_row: String,
+    late: String,
 }
 
 impl Epilogue {
@@ -456,6 +466,7 @@ impl Epilogue {
             return None;
         };
         let mut code = String::new();
+        let (mut early, mut early_row, mut late) = (String::new(), String::new(), String::new());
         let mut next = 3;
         let bias_at = bias.then(|| {
             next += 1;
@@ -466,7 +477,10 @@ impl Epilogue {
             next - 1
         });
         if let Some(i) = bias_at {
-            code += &format!("v += ld{i}(params.bias_offset + gn * params.bias_stride);\n");
+            let bias = format!("ld{i}(params.bias_offset + gn * params.bias_stride)");
+            code += &format!("v += {bias};\n");
+            early += &format!("let eb = {bias};\n");
+            late += "v += eb;\n";
         }
         let activation = match activation {
             None => 0,
@@ -477,14 +491,23 @@ impl Epilogue {
         };
         if activation > 0 {
             code += "v = activate(v);\n";
+            late += "v = activate(v);\n";
         }
         if let Some(i) = res_at {
-            code += &format!(
-                "v += ld{i}(r_base + gm * params.res_row_stride + gn * params.res_col_stride);\n"
-            );
+            let residual = |row: &str| {
+                format!(
+                    "ld{i}(r_base + {row} * params.res_row_stride + gn * params.res_col_stride)"
+                )
+            };
+            code += &format!("v += {};\n", residual("gm"));
+            early_row += &format!("let er# = {};\n", residual("#u"));
+            late += "v += er#;\n";
         }
         Some(Epilogue {
             code,
+            early,
+            early_row,
+            late,
             store: format!("st{next}"),
             bias_at,
             res_at,
@@ -550,20 +573,15 @@ pub(crate) fn launch(
         b.layout.shape[r - 1],
     );
     let batch: usize = a.layout.shape[..r - 2].iter().product();
-    let Epilogue {
-        code: epilogue,
-        store,
-        bias_at,
-        res_at,
-        activation,
-    } = Epilogue::of(op).ok_or_else(|| unsupported(gpu, op))?;
+    let epilogue = Epilogue::of(op).ok_or_else(|| unsupported(gpu, op))?;
+    let (bias_at, res_at, activation) = (epilogue.bias_at, epilogue.res_at, epilogue.activation);
     let a_dtype = a.dtype;
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
     let (a_at, b_at) = (along(sa[r - 1] <= sa[r - 2]), along(sb[r - 2] <= sb[r - 1]));
     let mut subst = vec![
-        ("EPILOGUE", epilogue),
-        ("STORE", store),
+        ("EPILOGUE", epilogue.code.clone()),
+        ("STORE", epilogue.store.clone()),
         ("A_AT", a_at.to_string()),
         ("B_AT", b_at.to_string()),
     ];
@@ -621,7 +639,11 @@ pub(crate) fn launch(
             dtype: a_dtype,
         };
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
-        let (splits, k_per_split) = split_k(tile_count, k);
+        let (splits, k_per_split) = if tensor_cores {
+            split_k(tile_count, k)
+        } else {
+            split_k_by_waves(tile_count, k)
+        };
         let partial_bytes = 4 * batch * splits * m * n;
         if tensor_cores && gpu.caps().tensor_matmul {
             let split = Problem {
@@ -652,7 +674,7 @@ pub(crate) fn launch(
         move || {
             match section {
                 "rows" => subst.extend(few_rows_code(m, lanes)),
-                "rows_wide" => subst.extend(wide_rows_code(m, a_dtype)),
+                "rows_wide" => subst.extend(wide_rows_code(m, a_dtype, &epilogue)),
                 "columns" => subst.extend(columns_code(m, lanes)),
                 _ => {}
             }
@@ -725,6 +747,34 @@ fn split_k(tiles: usize, k: usize) -> (usize, usize) {
     }
     let splits = SPLIT_K_TILES.div_ceil(tiles).min(k / MIN_K_PER_SPLIT);
     let k_per_split = k.div_ceil(splits).next_multiple_of(8);
+    (k.div_ceil(k_per_split), k_per_split)
+}
+
+/// Workgroups of the tiled kernel that run at once on the GPUs it was tuned on (an H100 or
+/// H200: 132 multiprocessors, one workgroup each as measured: 8192 x 768 outputs, 384 tiles in
+/// 2.9 waves, gained nothing from two parts, as they would have with two workgroups resident).
+const TILED_WAVE: usize = 132;
+/// The most parts the tiled kernel splits K into.
+const MAX_SPLITS: usize = 16;
+
+/// How the tiled kernel (without tensor cores) splits K for `tiles` output tiles: into the
+/// count whose workgroups fill their last wave best, up to one part per [`MIN_K_PER_SPLIT`]
+/// of k. A weight gradient of 768 x 2304 (108 tiles, k = 8192) took three parts under
+/// [`split_k`], 324 workgroups in 2.45 waves; six fill 4.9 (GPT-2's f32 weight gradients went
+/// from 43.9 to 33.3 ms a step on an H200). Each part costs its f32 sums' traffic and a
+/// little more: a count's filled share is weighed down by 1% per part past the first.
+fn split_k_by_waves(tiles: usize, k: usize) -> (usize, usize) {
+    let most = (k / MIN_K_PER_SPLIT).clamp(1, MAX_SPLITS);
+    let filled = |s: usize| {
+        let groups = tiles * s;
+        groups as f64 / (groups.div_ceil(TILED_WAVE) * TILED_WAVE) as f64
+    };
+    let score = |s: usize| filled(s) * (1.0 - 0.01 * (s - 1) as f64);
+    let best = (1..=most).fold(1, |best, s| if score(s) > score(best) { s } else { best });
+    if best == 1 {
+        return (1, k);
+    }
+    let k_per_split = k.div_ceil(best).next_multiple_of(8);
     (k.div_ceil(k_per_split), k_per_split)
 }
 
@@ -1354,6 +1404,28 @@ mod tests {
         }
     }
 
+    /// K splits by whole waves: GPT-2's weight gradients (k = 8192) fill their last wave,
+    /// products that already fill theirs and short k stay in one part, and every part has
+    /// work.
+    #[test]
+    fn the_tiled_kernel_splits_k_into_full_waves() {
+        for (tiles, k, splits) in [
+            (108, 8192, 6),
+            (36, 8192, 11),
+            (144, 8192, 9),
+            (384, 3072, 1),
+        ] {
+            let (s, per) = split_k_by_waves(tiles, k);
+            assert_eq!(s, splits, "{tiles} tiles, k {k}");
+            assert!(
+                per % 8 == 0 && (s - 1) * per < k,
+                "{tiles} tiles, k {k}: {s} x {per}"
+            );
+        }
+        assert_eq!(split_k_by_waves(10, 1000), (1, 1000));
+        assert_eq!(split_k_by_waves(1, 100_000).0, MAX_SPLITS);
+    }
+
     /// The wide few-rows kernel is valid WGSL for each dtype it reads, with and without the
     /// bias and residual epilogue, and reads its operands wide.
     #[test]
@@ -1364,14 +1436,15 @@ mod tests {
             residual: true,
         };
         let every = Epilogue::of(&every).expect("a matmul epilogue");
+        let plain = Epilogue::of(&PLAIN).expect("a matmul epilogue");
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for (epilogue, count) in [("", 3), (every.code.as_str(), 5)] {
+            for (epilogue, count) in [(&plain, 3), (&every, 5)] {
                 let bindings: Vec<_> = (0..count).map(|i| (dtype, i + 1 == count)).collect();
                 let mut subst = vec![
-                    ("EPILOGUE", epilogue.to_string()),
-                    ("STORE", format!("st{count}")),
+                    ("EPILOGUE", epilogue.code.clone()),
+                    ("STORE", epilogue.store.clone()),
                 ];
-                subst.extend(wide_rows_code(3, dtype));
+                subst.extend(wide_rows_code(3, dtype, epilogue));
                 let build = Build {
                     immediate_words: Some(64),
                     subgroups: true,
@@ -1379,7 +1452,8 @@ mod tests {
                 let params = MatmulParams::wgsl();
                 let src = source(SRC, "rows_wide", &bindings, &subst, build, &params);
                 assert!(src.contains("var<storage, read_write> b2: array<vec4<u32>>"));
-                crate::source::assert_valid(&src, &format!("rows_wide {dtype:?} {epilogue:?}"));
+                let code = &epilogue.code;
+                crate::source::assert_valid(&src, &format!("rows_wide {dtype:?} {code:?}"));
             }
         }
     }

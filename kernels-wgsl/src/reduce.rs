@@ -19,6 +19,84 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Reduced extents shorter than this use one thread per output.
 const THREAD_REDUCE_MAX: usize = 64;
 
+/// Rows a workgroup of `reduce_columns` takes: 64 per thread, in 16 steps of four loads.
+const COLUMN_CHUNK: usize = 256;
+/// The most chunks `reduce_columns` splits the rows into (its finishing threads walk them).
+const MAX_COLUMN_CHUNKS: usize = 128;
+
+/// The chunks `reduce_columns` splits a reduction's rows into, where it applies: one reduced
+/// dimension that is not contiguous, at least [`THREAD_REDUCE_MAX`] long, over at least 64
+/// outputs lying next to each other in the input, with the chunks' results fitting a binding.
+fn column_chunks(gpu: &dyn Gpu, params: &ReduceParams) -> Option<usize> {
+    let (nout, nred) = (params.rows as usize, params.row_len as usize);
+    let columns = params.kept_rank == 1
+        && params.kept_strides[0] == 1
+        && params.reduced_rank == 1
+        && params.reduced_strides[0] > 1;
+    let chunks = nred.div_ceil(COLUMN_CHUNK).clamp(1, MAX_COLUMN_CHUNKS);
+    (columns
+        && nred >= THREAD_REDUCE_MAX
+        && nout >= 64
+        && (4 * chunks * nout) as u64 <= gpu.max_binding())
+    .then_some(chunks)
+}
+
+/// `params` with the bindings' offsets, once they are known.
+fn with_offsets(params: ReduceParams) -> impl Fn(&[usize]) -> ReduceParams {
+    move |o| {
+        let mut params = params;
+        params.offsets = offsets(o);
+        params
+    }
+}
+
+/// A reduction over the rows of a matrix in two steps (`reduce_columns`, then
+/// `reduce_columns_finish`), through the f32 results of `chunks` chunks of rows.
+fn reduce_columns(
+    gpu: &dyn Gpu,
+    op: &Op,
+    subst: &[(&'static str, String)],
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    params: ReduceParams,
+    chunks: usize,
+) -> Result<()> {
+    let (nout, nred) = (params.rows as usize, params.row_len as usize);
+    let parts = gpu.scratch(4 * chunks * nout)?;
+    let layout = Layout::contiguous(&[chunks * nout]);
+    let outs = [
+        outputs[0],
+        TensorRef {
+            buffer: &parts,
+            layout: &layout,
+            dtype: DType::F32,
+        },
+    ];
+    let params = ReduceParams {
+        chunks: chunks as u32,
+        chunk_len: nred.div_ceil(chunks) as u32,
+        ..params
+    };
+    let steps = [
+        ("reduce_columns", (nout.div_ceil(64) * chunks) as u64),
+        ("reduce_columns_finish", groups_for(nout)),
+    ];
+    for (section, groups) in steps {
+        run(
+            gpu,
+            &key(op, inputs, &outs, section),
+            SRC,
+            section,
+            || Ok(subst.to_vec()),
+            inputs,
+            &outs,
+            groups,
+            with_offsets(params),
+        )?;
+    }
+    Ok(())
+}
+
 /// Dimensions of the kept and of the reduced part of a reduction's input, each after merging
 /// those the input steps through alike.
 const MAX_DIMS: usize = 8;
@@ -113,6 +191,9 @@ pub(crate) fn launch(
                 ("COMBINE", combine.to_string()),
                 ("FINISH", finish.to_string()),
             ];
+            if let Some(chunks) = column_chunks(gpu, &params) {
+                return reduce_columns(gpu, op, &subst, inputs, outputs, params, chunks);
+            }
             let (section, groups) = if nred < THREAD_REDUCE_MAX {
                 ("reduce_thread", groups_for(nout))
             } else {
@@ -127,11 +208,7 @@ pub(crate) fn launch(
                 inputs,
                 outputs,
                 groups,
-                |o| {
-                    let mut params = params;
-                    params.offsets = offsets(o);
-                    params
-                },
+                with_offsets(params),
             )
         }
         Op::ArgMax { axis, .. } => argmax(gpu, *axis, x, &outputs[0], 0),
@@ -211,13 +288,6 @@ pub(crate) fn argmax(
     };
     let (ins, outs) = ([*x], [*out]);
     let (rows, row_len) = (params.rows as usize, params.row_len as usize);
-    fn with_offsets(params: ReduceParams) -> impl Fn(&[usize]) -> ReduceParams {
-        move |o| {
-            let mut params = params;
-            params.offsets = offsets(o);
-            params
-        }
-    }
     if rows > ARGMAX_CHUNKED_ROWS || row_len < 2 * ARGMAX_CHUNK || params.reduced_rank != 1 {
         return run(
             gpu,

@@ -294,33 +294,11 @@ fn coop_wide_staging_code(a_at: &str, b_at: &str, dtype: DType) -> Vec<(&'static
 
 /// The tiled kernel's loads of one step, into registers (`FETCH`) and from there into
 /// workgroup buffer 0 or 1 (`STASH0`, `STASH1`): four elements of each operand per thread
-/// through the strided feeds (`FEED`), or, where both operands are f32 in whole 16-byte
-/// vectors along their contiguous dimension (`wide`), one vector of each, through the
-/// generated `STAGING` functions. The vectors took 4096^3 on the H100 from 30 to 37 TFLOP/s.
-fn tiled_staging_code(a_at: &str, b_at: &str, wide: bool) -> Vec<(&'static str, String)> {
-    if !wide {
-        let at = |f: &str| {
-            let loads: Vec<String> = (0..4).map(|j| format!("{f}(lid, {j}u)")).collect();
-            format!("array<vec2<u32>, 4>({})", loads.join(", "))
-        };
-        return vec![
-            ("STAGING", String::new()),
-            (
-                "FEED",
-                format!(
-                    "let fa = feed({}, m0, m, a_base, sam);\nlet fb = feed({}, n0, n, b_base, sbn);\n",
-                    at(a_at),
-                    at(b_at)
-                ),
-            ),
-            (
-                "FETCH",
-                "let xa = fetch_a(fa, k0, k, sak);\nlet xb = fetch_b(fb, k0, k, sbk);\n".into(),
-            ),
-            ("STASH0", "stash_a(fa, 0u, xa);\nstash_b(fb, 0u, xb);\n".into()),
-            ("STASH1", "stash_a(fa, 1u, xa);\nstash_b(fb, 1u, xb);\n".into()),
-        ];
-    }
+/// through the strided feeds (`FEED`), or, for each f32 operand in whole 16-byte vectors
+/// along its contiguous dimension (`wide`: a, b), one vector, through the generated `STAGING`
+/// functions. The vectors took 4096^3 on the H100 from 30 to 37 TFLOP/s; staged for one
+/// operand alone, they serve the LM head's gradients, whose rows of 50,257 logits are not.
+fn tiled_staging_code(a_at: &str, b_at: &str, wide: [bool; 2]) -> Vec<(&'static str, String)> {
     // Vector `lid`'s (row or column, k) in a 128 x 8 tile: two vectors of four k per row
     // (`along_k`), or 32 vectors of four rows per k (`along_mn`); the clamps that keep its
     // address inside the matrix; and its store into buffer `buf`: four k-rows, or one
@@ -356,41 +334,79 @@ fn tiled_staging_code(a_at: &str, b_at: &str, wide: bool) -> Vec<(&'static str, 
              fn wide_stash_{name}(buf: u32, lid: u32, x: vec4<f32>) {{\n{store}}}\n"
         )
     };
-    let staging = operand(
-        "a",
-        "sa",
-        1,
-        a_at,
-        ["m", "m0", "a_row_stride", "a_k_stride"],
-    ) + &operand(
-        "b",
-        "sb",
-        2,
-        b_at,
-        ["n", "n0", "b_col_stride", "b_k_stride"],
-    );
+    let at = |f: &str| {
+        let loads: Vec<String> = (0..4).map(|j| format!("{f}(lid, {j}u)")).collect();
+        format!("array<vec2<u32>, 4>({})", loads.join(", "))
+    };
+    let (mut staging, mut feed, mut fetch) = (String::new(), String::new(), String::new());
+    let mut stash = [String::new(), String::new()];
+    let operands = [
+        (
+            "a",
+            "sa",
+            1,
+            a_at,
+            ["m", "m0", "a_row_stride", "a_k_stride"],
+            "sam",
+            "sak",
+        ),
+        (
+            "b",
+            "sb",
+            2,
+            b_at,
+            ["n", "n0", "b_col_stride", "b_k_stride"],
+            "sbn",
+            "sbk",
+        ),
+    ];
+    for ((x, tile, binding, x_at, p, stride, k_stride), wide) in operands.into_iter().zip(wide) {
+        let [rows, row0, ..] = p;
+        if wide {
+            staging += &operand(x, tile, binding, x_at, p);
+            fetch += &format!("let x{x} = wide_{x}(lid, {rows}, k, {row0}, k0, {x}_base);\n");
+            for (buf, code) in stash.iter_mut().enumerate() {
+                *code += &format!("wide_stash_{x}({buf}u, lid, x{x});\n");
+            }
+        } else {
+            feed += &format!(
+                "let f{x} = feed({}, {row0}, {rows}, {x}_base, {stride});\n",
+                at(x_at)
+            );
+            fetch += &format!("let x{x} = fetch_{x}(f{x}, k0, k, {k_stride});\n");
+            for (buf, code) in stash.iter_mut().enumerate() {
+                *code += &format!("stash_{x}(f{x}, {buf}u, x{x});\n");
+            }
+        }
+    }
+    let [stash0, stash1] = stash;
     vec![
         ("STAGING", staging),
-        ("FEED", String::new()),
-        (
-            "FETCH",
-            "let xa = wide_a(lid, m, k, m0, k0, a_base);\nlet xb = wide_b(lid, n, k, n0, k0, b_base);\n"
-                .into(),
-        ),
-        ("STASH0", "wide_stash_a(0u, lid, xa);\nwide_stash_b(0u, lid, xb);\n".into()),
-        ("STASH1", "wide_stash_a(1u, lid, xa);\nwide_stash_b(1u, lid, xb);\n".into()),
+        ("FEED", feed),
+        ("FETCH", fetch),
+        ("STASH0", stash0),
+        ("STASH1", stash1),
     ]
 }
 
-/// Whether `a` and `b`, laid out `a_at` and `b_at` (`along_k` or `along_mn`), both read as
+/// Whether `a` and `b`, laid out `a_at` and `b_at` (`along_k` or `along_mn`), each read as
 /// 16-byte vectors along their contiguous dimension.
-fn both_wide(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>, a_at: &str, b_at: &str) -> bool {
+fn operands_wide(
+    gpu: &dyn Gpu,
+    a: &TensorRef<'_>,
+    b: &TensorRef<'_>,
+    a_at: &str,
+    b_at: &str,
+) -> [bool; 2] {
     let r = a.layout.rank();
     let (a_dim, b_dim) = (
         if a_at == "along_k" { r - 1 } else { r - 2 },
         if b_at == "along_k" { r - 2 } else { r - 1 },
     );
-    wide_along(gpu, a, a_dim).is_some() && wide_along(gpu, b, b_dim).is_some()
+    [
+        wide_along(gpu, a, a_dim).is_some(),
+        wide_along(gpu, b, b_dim).is_some(),
+    ]
 }
 
 /// The tensor-core kernel's k per step: 64 hides the next step's loads behind twice the
@@ -635,7 +651,11 @@ pub(crate) fn launch(
         let kernel = Tiles {
             grid: tile_grid,
             coop: tensor_cores,
-            wide: (tensor_cores || f32_operands) && both_wide(gpu, a, b, a_at, b_at),
+            wide: match operands_wide(gpu, a, b, a_at, b_at) {
+                wide if f32_operands => wide,
+                [true, true] if tensor_cores => [true, true],
+                _ => [false, false],
+            },
             dtype: a_dtype,
         };
         let tile_count = m.div_ceil(128) * n.div_ceil(128) * batch;
@@ -696,7 +716,8 @@ pub(crate) fn launch(
 struct Tiles {
     grid: [u32; 3],
     coop: bool,
-    wide: bool,
+    /// Whether a and b are staged as 16-byte vectors (both or neither on tensor cores).
+    wide: [bool; 2],
     /// The operands' dtype (the tensor-core kernel's tiles hold it).
     dtype: DType,
 }
@@ -712,10 +733,12 @@ impl Tiles {
 
     fn name(self) -> &'static str {
         match (self.coop, self.wide) {
-            (true, true) => "coop_wide",
-            (true, false) => "coop",
-            (false, true) => "tiled_wide",
-            (false, false) => "tiled128",
+            (true, [true, true]) => "coop_wide",
+            (true, _) => "coop",
+            (false, [true, true]) => "tiled_wide",
+            (false, [true, false]) => "tiled_wide_a",
+            (false, [false, true]) => "tiled_wide_b",
+            (false, [false, false]) => "tiled128",
         }
     }
 
@@ -724,8 +747,8 @@ impl Tiles {
     fn code(self, subst: &mut Vec<(&'static str, String)>) {
         let (a_at, b_at) = (subst[2].1.clone(), subst[3].1.clone());
         match (self.coop, self.wide) {
-            (true, true) => subst.extend(coop_wide_staging_code(&a_at, &b_at, self.dtype)),
-            (true, false) => subst.extend(coop_staging_code()),
+            (true, [true, true]) => subst.extend(coop_wide_staging_code(&a_at, &b_at, self.dtype)),
+            (true, _) => subst.extend(coop_staging_code()),
             (false, wide) => subst.extend(tiled_staging_code(&a_at, &b_at, wide)),
         }
         if self.coop {
@@ -1362,7 +1385,7 @@ mod tests {
             let kernel = Tiles {
                 grid: [1, 1, 1],
                 coop: true,
-                wide,
+                wide: [wide; 2],
                 dtype,
             };
             kernel.code(&mut subst);
@@ -1382,7 +1405,7 @@ mod tests {
         let bindings = [(DType::F32, false), (DType::F32, false), (DType::F32, true)];
         for a_at in ["along_k", "along_mn"] {
             for b_at in ["along_k", "along_mn"] {
-                for wide in [false, true] {
+                for wide in [[false, false], [true, false], [false, true], [true, true]] {
                     let mut subst = vec![
                         ("EPILOGUE", String::new()),
                         ("STORE", "st3".to_string()),
@@ -1396,9 +1419,12 @@ mod tests {
                     };
                     let params = MatmulParams::wgsl();
                     let src = source(SRC, "matmul", &bindings, &subst, build, &params);
-                    assert_eq!(src.contains("array<vec4<u32>>"), wide);
+                    for (binding, wide) in [1, 2].into_iter().zip(wide) {
+                        let vectors = format!("b{binding}: array<vec4<u32>>");
+                        assert_eq!(src.contains(&vectors), wide, "{wide:?} {a_at} {b_at}");
+                    }
                     assert!(src.contains(INDICES_IN_RANGE));
-                    crate::source::assert_valid(&src, &format!("tiled {wide} {a_at} {b_at}"));
+                    crate::source::assert_valid(&src, &format!("tiled {wide:?} {a_at} {b_at}"));
                 }
             }
         }

@@ -141,6 +141,9 @@ pub(super) fn samples() -> Vec<Sample> {
         // weight gradient's transposed operand, the second with a broadcast batch and every
         // epilogue.
         plain(&[40, 2100], &[2100, 70], View::Permuted(vec![1, 0]), c()),
+        // Rows of an odd length (an LM head's logits) against an operand in whole 16-byte
+        // vectors: staged element by element and as vectors in one kernel.
+        plain(&[40, 2099], &[2099, 72], c(), c()),
         fused(
             &[2, 20, 1500],
             &[2, 1500, 30],

@@ -225,58 +225,13 @@ impl Layout {
             .max_by_key(|&d| (reach(d), std::cmp::Reverse(d)))
     }
 
-    /// The same elements with a new shape, if expressible without copying (as PyTorch's
-    /// `view`): always for contiguous layouts; for others where each run of dimensions that
-    /// steps through memory as one is split or merged only within itself (a narrowed
-    /// `[B, T, 3C]` projection's `[B, T, C]` third reshaped to `[B, T, H, D]`, say).
-    /// Otherwise `None`, and the caller copies first.
+    /// The same elements with a new shape, if expressible without copying: always for
+    /// contiguous layouts; otherwise `None` and the caller copies first.
     pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
-        if numel(shape) != self.numel() {
+        if numel(shape) != self.numel() || !self.is_contiguous() {
             return None;
         }
-        if self.is_contiguous() || self.numel() == 0 {
-            return Some(Layout::contiguous(shape).with_offset(self.offset));
-        }
-        let strides = self.view_strides(shape)?;
-        Some(Layout {
-            shape: shape.to_vec(),
-            strides,
-            offset: self.offset,
-        })
-    }
-
-    /// The strides of `shape` over this layout's elements in the same row-major order, if
-    /// some exist: walking the dimensions from the innermost, each run of them that steps
-    /// through memory as one (a chunk) must be covered exactly by a run of the new
-    /// dimensions, which then step through it as the chunk does.
-    fn view_strides(&self, shape: &[usize]) -> Option<Vec<usize>> {
-        let (old, old_strides) = (&self.shape, &self.strides);
-        let mut strides = vec![0; shape.len()];
-        let mut next = shape.len();
-        let mut chunk_stride = *old_strides.last()?;
-        let (mut chunk_numel, mut view_numel) = (1, 1);
-        for d in (0..old.len()).rev() {
-            chunk_numel *= old[d];
-            let chunk_ends =
-                d == 0 || (old[d - 1] != 1 && old_strides[d - 1] != chunk_numel * chunk_stride);
-            if !chunk_ends {
-                continue;
-            }
-            while next > 0 && (view_numel < chunk_numel || shape[next - 1] == 1) {
-                next -= 1;
-                strides[next] = view_numel * chunk_stride;
-                view_numel *= shape[next];
-            }
-            if view_numel != chunk_numel {
-                return None;
-            }
-            if d > 0 {
-                chunk_stride = old_strides[d - 1];
-                chunk_numel = 1;
-                view_numel = 1;
-            }
-        }
-        (next == 0).then_some(strides)
+        Some(Layout::contiguous(shape).with_offset(self.offset))
     }
 }
 
@@ -309,50 +264,7 @@ pub fn merge_dims(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec
 
 #[cfg(test)]
 mod tests {
-    use super::{merge_dims, Layout};
-
-    fn strided(shape: &[usize], strides: &[usize], offset: usize) -> Layout {
-        Layout {
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            offset,
-        }
-    }
-
-    #[test]
-    fn a_strided_layout_reshapes_in_place_where_its_runs_allow() {
-        // The middle third of a [2, 3, 36] projection: heads split, rows merged.
-        let third = strided(&[2, 3, 12], &[108, 36, 1], 12);
-        assert_eq!(
-            third.reshape(&[2, 3, 3, 4]),
-            Some(strided(&[2, 3, 3, 4], &[108, 36, 4, 1], 12))
-        );
-        assert_eq!(
-            third.reshape(&[6, 12]),
-            Some(strided(&[6, 12], &[36, 1], 12))
-        );
-        assert_eq!(
-            third.reshape(&[1, 6, 1, 12]),
-            Some(strided(&[1, 6, 1, 12], &[216, 36, 12, 1], 12))
-        );
-        // Rows and their elements do not merge across the gap between rows.
-        assert_eq!(third.reshape(&[72]), None);
-        assert_eq!(third.reshape(&[2, 36]), None);
-        // A transposed [3, 4]: row (i, j) of [2, 2, 3] is its row 2i + j, along the old rows.
-        let t = strided(&[4, 3], &[1, 4], 0);
-        assert_eq!(
-            t.reshape(&[2, 2, 3]),
-            Some(strided(&[2, 2, 3], &[2, 1, 4], 0))
-        );
-        assert_eq!(t.reshape(&[12]), None);
-        // A broadcast row splits but does not merge with its repeats.
-        let rows = strided(&[8, 33], &[0, 1], 0);
-        assert_eq!(
-            rows.reshape(&[8, 3, 11]),
-            Some(strided(&[8, 3, 11], &[0, 11, 1], 0))
-        );
-        assert_eq!(rows.reshape(&[264]), None);
-    }
+    use super::merge_dims;
 
     #[test]
     fn contiguous_operands_merge_into_one_dimension() {

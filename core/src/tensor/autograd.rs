@@ -741,16 +741,10 @@ fn vjp(
                 }
                 None => g.clone(),
             };
-            // A `b` read along k (a linear's weight, stored [out, in] and used transposed)
-            // gets its gradient as the transpose of gᵀa, laid out as the weight is: its
-            // gradient then reaches the weight row-major, with no copy.
-            let r = b.rank();
-            let b_grad = if b.layout().strides[r - 2] < b.layout().strides[r - 1] {
-                g_pre.transpose(-1, -2)?.matmul(a)?.transpose(-1, -2)?
-            } else {
-                a.transpose(-1, -2)?.matmul(&g_pre)?
-            };
-            let mut grads = vec![Some(g_pre.matmul(&b.transpose(-1, -2)?)?), Some(b_grad)];
+            let mut grads = vec![
+                Some(g_pre.matmul(&b.transpose(-1, -2)?)?),
+                Some(a.transpose(-1, -2)?.matmul(&g_pre)?),
+            ];
             if *bias {
                 let lead: Vec<usize> = (0..g.rank() - 1).collect();
                 grads.push(Some(g_pre.sum(&lead, false)?));

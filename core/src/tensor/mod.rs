@@ -566,26 +566,20 @@ impl Tensor {
     }
 
     /// The same elements in a new shape; one dimension may be `usize::MAX` meaning "the rest".
-    /// A view of the same buffer where the layout allows ([`Layout::reshape`]), as PyTorch's
-    /// `reshape`; a copy otherwise.
+    /// Copies first when the layout cannot be reshaped in place.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let shape = self.resolve_shape(shape)?;
         if shape == self.shape() {
             return Ok(self.clone());
         }
-        let out = match self.layout().reshape(&shape) {
-            Some(layout) => self.view(layout),
-            None => {
-                let src = self.contiguous()?;
-                let layout = src.layout().reshape(&shape).ok_or_else(|| {
-                    Error::shape(
-                        "reshape",
-                        format!("cannot view {:?} as {shape:?}", self.shape()),
-                    )
-                })?;
-                src.view(layout)
-            }
-        };
+        let src = self.contiguous()?;
+        let layout = src.layout().reshape(&shape).ok_or_else(|| {
+            Error::shape(
+                "reshape",
+                format!("cannot view {:?} as {shape:?}", self.shape()),
+            )
+        })?;
+        let out = src.view(layout);
         autograd::record_view(out, self, autograd::ViewKind::Reshape)
     }
 

@@ -1,5 +1,6 @@
 // Layer norm and RMS norm over rows, forward and backward; a workgroup per row, tree sums.
-// The weight gradients are summed over rows by a workgroup per column, in a fixed order.
+// The weight gradients are summed over rows in a fixed order: by chunks of rows over 64
+// columns at a time where there are many rows, else by a workgroup per column.
 // Parameters: `NormParams` (norm.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
@@ -213,5 +214,62 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (lid == 0u) {
             st6(o(6u) + c, tw);
         }
+    }
+}
+
+// @kernel norm_dw_chunks
+// A norm's weight (and bias) gradients over many rows, first step, as `reduce_columns`
+// (reduce.wgsl): a workgroup takes 64 consecutive columns and `chunk_len` rows, four threads a
+// column each taking every fourth row, so consecutive threads read consecutive elements (a
+// workgroup per column reads one element of each 32-byte sector it fetches), and leaves each
+// column's sums over the chunk in the scratch binding: weight terms at [chunk, column], bias
+// terms after all of those. The upper-case parts, and the bindings they read, are generated
+// per norm (norm.rs).
+var<workgroup> part_w: array<f32, 256>;
+var<workgroup> part_b: array<f32, 256>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let rows = params.rows;
+    let n = params.row_len;
+    let chunks = params.chunks;
+    let span = params.chunk_len;
+    let blocks = (n + 63u) / 64u;
+    for (var t = group_index(wid, nwg); t < blocks * chunks; t += group_count(nwg)) {
+        let c = (t % blocks) * 64u + lid % 64u;
+        // Lanes past the last column read its elements again and write nothing.
+        let cc = min(c, n - 1u);
+        let chunk = t / blocks;
+        let end = min((chunk + 1u) * span, rows);
+        var sw = 0.0;
+        var sb = 0.0;
+        for (var r = chunk * span + lid / 64u; r < end; r += 4u) {
+            TERMS
+        }
+        part_w[lid] = sw;
+        part_b[lid] = sb;
+        workgroupBarrier();
+        if (lid < 64u && c < n) {
+            let w = ((part_w[lid] + part_w[lid + 64u]) + part_w[lid + 128u]) + part_w[lid + 192u];
+            let b = ((part_b[lid] + part_b[lid + 64u]) + part_b[lid + 128u]) + part_b[lid + 192u];
+            STASH
+        }
+        workgroupBarrier();
+    }
+}
+
+// @kernel norm_dw_finish
+// A norm's weight (and bias) gradients over many rows, second step: a thread per column adds
+// its chunks' sums in order.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = params.row_len;
+    let chunks = params.chunks;
+    for (var c = group_index(wid, nwg) * WG + lid; c < n; c += group_count(nwg) * WG) {
+        var w = 0.0;
+        var b = 0.0;
+        for (var k = 0u; k < chunks; k++) {
+            SUM
+        }
+        FINISH
     }
 }

@@ -1,12 +1,14 @@
 //! Layer norm and RMS norm, forward and backward: a workgroup per row for the row statistics
-//! and `dx` (rows of up to 1,024 held in registers in the forward), then a workgroup per
-//! column for the weight gradients (no atomics).
+//! and `dx` (rows of up to 1,024 held in registers in the forward), then the weight gradients
+//! over the rows (no atomics): in chunks of rows over 64 columns at a time, added up by a
+//! second kernel, where there are many rows; a workgroup per column otherwise.
 
-use tessera_core::{Op, Result, TensorRef};
+use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
 use crate::gpu::{Gpu, WG};
 use crate::params::{offsets, param_block, MAX_BINDINGS};
-use crate::source::{key, no_subst, run, unsupported};
+use crate::reduce::{COLUMN_CHUNK, MAX_COLUMN_CHUNKS};
+use crate::source::{groups_for, key, no_subst, run, unsupported};
 
 const SRC: &str = include_str!("../kernels/norm.wgsl");
 
@@ -16,6 +18,8 @@ param_block! {
         rows: u32,
         row_len: u32,
         eps: f32,
+        chunks: u32,
+        chunk_len: u32,
         offsets: [u32; MAX_BINDINGS],
     }
 }
@@ -36,6 +40,7 @@ pub(crate) fn launch(
         row_len: n as u32,
         eps: eps as f32,
         offsets: offsets(o),
+        ..NormParams::default()
     };
     let k = |variant: &str| key(op, inputs, outputs, variant);
     let go = |section: &str, groups: usize| {
@@ -60,12 +65,111 @@ pub(crate) fn launch(
         Op::RmsNorm => go("rms_norm", rows),
         Op::LayerNormBackward => {
             go("layer_norm_dx", rows)?;
-            go("layer_norm_dw", n)
+            match dw_chunks(gpu, rows, n) {
+                Some(chunks) => dw_in_chunks(gpu, op, inputs, outputs, rows, n, chunks),
+                None => go("layer_norm_dw", n),
+            }
         }
         Op::RmsNormBackward => {
             go("rms_norm_dx", rows)?;
-            go("rms_norm_dw", n)
+            match dw_chunks(gpu, rows, n) {
+                Some(chunks) => dw_in_chunks(gpu, op, inputs, outputs, rows, n, chunks),
+                None => go("rms_norm_dw", n),
+            }
         }
         _ => Err(unsupported(gpu, op)),
     }
+}
+
+/// The chunks of rows `norm_dw_chunks` splits a norm's weight gradients into, where it
+/// applies: two chunks or more, at least 64 columns, and the sums fitting a binding.
+fn dw_chunks(gpu: &dyn Gpu, rows: usize, n: usize) -> Option<usize> {
+    let chunks = rows.div_ceil(COLUMN_CHUNK).min(MAX_COLUMN_CHUNKS);
+    (chunks >= 2 && n >= 64 && (8 * chunks * n) as u64 <= gpu.max_binding()).then_some(chunks)
+}
+
+/// A norm's weight (and bias) gradients over `rows` rows of `n` in two steps, through f32
+/// sums over `chunks` chunks of rows in a scratch buffer: `norm_dw_chunks` binds what the
+/// terms read and the sums, `norm_dw_finish` the sums and the op's outputs.
+fn dw_in_chunks(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    rows: usize,
+    n: usize,
+    chunks: usize,
+) -> Result<()> {
+    let sums = gpu.scratch(8 * chunks * n)?;
+    let layout = Layout::contiguous(&[2 * chunks * n]);
+    let sums = TensorRef {
+        buffer: &sums,
+        layout: &layout,
+        dtype: DType::F32,
+    };
+    // Layer norm's inputs are x, weight, mean, rstd and dy, its outputs dx, dweight and
+    // dbias; RMS norm's x, weight, rstd and dy, then dx and dweight. The terms read x, the
+    // row statistics and dy: bindings 1 to 4 (3), the sums after them.
+    let layer = matches!(op, Op::LayerNormBackward);
+    let (read, terms) = if layer {
+        (
+            vec![inputs[0], inputs[2], inputs[3], inputs[4]],
+            "let dy = ld4(o(4u) + r * n + cc);\n\
+             sw += dy * (ld1(o(1u) + r * n + cc) - ld2(o(2u) + r)) * ld3(o(3u) + r);\n\
+             sb += dy;\n",
+        )
+    } else {
+        (
+            vec![inputs[0], inputs[2], inputs[3]],
+            "sw += ld3(o(3u) + r * n + cc) * ld1(o(1u) + r * n + cc) * ld2(o(2u) + r);\n",
+        )
+    };
+    let s = read.len() + 1;
+    let mut stash = format!("st{s}(o({s}u) + chunk * n + c, w);\n");
+    let mut sum = "w += ld1(o(1u) + k * n + c);\n".to_string();
+    // The finishing kernel binds the sums, then the op's outputs (dx unused): the norms'
+    // shared functions read bindings 1 to 3.
+    let mut finish = "st3(o(3u) + c, w);\n".to_string();
+    if layer {
+        stash += &format!("st{s}(o({s}u) + (chunks + chunk) * n + c, b);\n");
+        sum += "b += ld1(o(1u) + (chunks + k) * n + c);\n";
+        finish += "st4(o(4u) + c, b);\n";
+    }
+    let subst = vec![
+        ("TERMS", terms.to_string()),
+        ("STASH", stash),
+        ("SUM", sum),
+        ("FINISH", finish),
+    ];
+    let params = |o: &[usize]| NormParams {
+        rows: rows as u32,
+        row_len: n as u32,
+        chunks: chunks as u32,
+        chunk_len: rows.div_ceil(chunks) as u32,
+        offsets: offsets(o),
+        ..NormParams::default()
+    };
+    let steps: [(&str, &[TensorRef<'_>], &[TensorRef<'_>], u64); 2] = [
+        (
+            "norm_dw_chunks",
+            &read,
+            &[sums],
+            (n.div_ceil(64) * chunks) as u64,
+        ),
+        ("norm_dw_finish", &[sums], outputs, groups_for(n)),
+    ];
+    for (section, ins, outs, groups) in steps {
+        run(
+            gpu,
+            &key(op, ins, outs, section),
+            SRC,
+            section,
+            || Ok(subst.clone()),
+            ins,
+            outs,
+            groups,
+            params,
+        )?;
+    }
+    Ok(())
 }

@@ -19,10 +19,11 @@ const ARGMAX_CHUNK: usize = 2048;
 /// Reduced extents shorter than this use one thread per output.
 const THREAD_REDUCE_MAX: usize = 64;
 
-/// Rows a workgroup of `reduce_columns` takes: 64 per thread, in 16 steps of four loads.
-const COLUMN_CHUNK: usize = 256;
-/// The most chunks `reduce_columns` splits the rows into (its finishing threads walk them).
-const MAX_COLUMN_CHUNKS: usize = 128;
+/// Rows a workgroup of `reduce_columns` (and of the norms' `norm_dw_chunks`) takes: 64 per
+/// thread.
+pub(crate) const COLUMN_CHUNK: usize = 256;
+/// The most chunks those kernels split the rows into (their finishing threads walk them).
+pub(crate) const MAX_COLUMN_CHUNKS: usize = 128;
 
 /// The chunks `reduce_columns` splits a reduction's rows into, where it applies: one reduced
 /// dimension that is not contiguous, at least [`THREAD_REDUCE_MAX`] long, over at least 64

@@ -6,10 +6,11 @@
 //! (tensor cores) where the device offers them for the dtype; matmuls of at most
 //! [`MAX_FEW_ROWS`] rows run one of two few-rows kernels whose threads split K instead (`rows`
 //! for a `b` contiguous in k, `columns` for one contiguous in its columns: a `[1, 36] x
-//! [36, 1M]` convolution product took 24 s on lavapipe in 128 x 128 tiles). When few output
-//! tiles meet a long K (weight gradients), the tiled and tensor-core kernels split K over
-//! workgroups into partial sums that a second kernel adds in order, so results stay
-//! deterministic.
+//! [36, 1M]` convolution product took 24 s on lavapipe in 128 x 128 tiles). The tiled and
+//! tensor-core kernels split a long K over workgroups into partial sums that a second kernel
+//! adds in order, so results stay deterministic: the tiled kernel wherever that fills its last
+//! wave of workgroups better ([`split_k_by_waves`]), the tensor-core kernels where few output
+//! tiles meet a long K (weight gradients, [`split_k`]).
 
 use std::sync::Arc;
 
@@ -757,13 +758,14 @@ impl Tiles {
     }
 }
 
-/// Output tiles fewer than this leave SMs idle on large GPUs: the tiled kernel then splits K.
+/// Output tiles fewer than this leave SMs idle on large GPUs: the tensor-core kernels then
+/// split K.
 const SPLIT_K_TILES: usize = 264;
 /// The least k a split takes.
 const MIN_K_PER_SPLIT: usize = 512;
 
-/// How the tiled kernel splits K for `tiles` output tiles: (splits, k per split, a multiple
-/// of the kernel's k step).
+/// How the tensor-core kernels split K for `tiles` output tiles of 128 x 128: (splits, k per
+/// split, a multiple of the kernels' k step).
 fn split_k(tiles: usize, k: usize) -> (usize, usize) {
     if tiles >= SPLIT_K_TILES || k < 2 * MIN_K_PER_SPLIT {
         return (1, k);

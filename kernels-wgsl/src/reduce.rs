@@ -1,5 +1,6 @@
-//! Reductions over any axes (a workgroup per output with a tree reduction, or a thread per
-//! output when the reduced extent is short), argmax, and softmax over rows.
+//! Reductions over any axes (a workgroup per output with a tree reduction, a thread per output
+//! when the reduced extent is short, or chunks of rows over 64 neighbouring outputs at a time
+//! when those are a matrix's columns), argmax, and softmax over rows.
 
 use tessera_core::{merge_dims, DType, Error, Layout, Op, ReduceOp, Result, TensorRef};
 

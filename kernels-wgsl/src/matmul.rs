@@ -192,11 +192,12 @@ fn wide_rows_code(m: usize, dtype: DType, epilogue: &Epilogue) -> Vec<(&'static 
         })
         .collect::<Vec<_>>()
         .join(" + ");
-    let (late, store) = (&epilogue.late, &epilogue.store);
+    let (early, early_row, late) = epilogue.early_late();
+    let store = &epilogue.store;
     vec![
         ("VECTOR_MATH", wide_helpers(dtype)),
         ("UNROLL_U", format!("{WIDE_ROWS_UNROLL}u")),
-        ("EARLY", epilogue.early.clone() + &each(&epilogue.early_row)),
+        ("EARLY", early + &each(&early_row)),
         ("ZERO", each("var acc# = 0.0;\n")),
         ("MACS", loads + &each(&format!("acc# += {terms};\n"))),
         (
@@ -463,12 +464,6 @@ struct Epilogue {
     res_at: Option<usize>,
     /// The activation as the kernels' `activate` reads it from the parameters.
     activation: usize,
-    /// The same epilogue for kernels that read its operands before the products (`rows_wide`):
-    /// `early` loads column `gn`'s bias into `eb`, `early_row` row `#`'s residual into `er#`,
-    /// and `late` applies them to `v`, the sum of row `#`.
-    early: String,
-    early_row: String,
-    late: String,
 }
 
 impl Epilogue {
@@ -483,7 +478,6 @@ impl Epilogue {
             return None;
         };
         let mut code = String::new();
-        let (mut early, mut early_row, mut late) = (String::new(), String::new(), String::new());
         let mut next = 3;
         let bias_at = bias.then(|| {
             next += 1;
@@ -494,10 +488,7 @@ impl Epilogue {
             next - 1
         });
         if let Some(i) = bias_at {
-            let bias = format!("ld{i}(params.bias_offset + gn * params.bias_stride)");
-            code += &format!("v += {bias};\n");
-            early += &format!("let eb = {bias};\n");
-            late += "v += eb;\n";
+            code += &format!("v += {};\n", bias_load(i));
         }
         let activation = match activation {
             None => 0,
@@ -508,29 +499,47 @@ impl Epilogue {
         };
         if activation > 0 {
             code += "v = activate(v);\n";
-            late += "v = activate(v);\n";
         }
         if let Some(i) = res_at {
-            let residual = |row: &str| {
-                format!(
-                    "ld{i}(r_base + {row} * params.res_row_stride + gn * params.res_col_stride)"
-                )
-            };
-            code += &format!("v += {};\n", residual("gm"));
-            early_row += &format!("let er# = {};\n", residual("#u"));
-            late += "v += er#;\n";
+            code += &format!("v += {};\n", residual_load(i, "gm"));
         }
         Some(Epilogue {
             code,
-            early,
-            early_row,
-            late,
             store: format!("st{next}"),
             bias_at,
             res_at,
             activation,
         })
     }
+
+    /// The epilogue for a kernel that reads its operands before the products (`rows_wide`),
+    /// generated when it compiles: the loads of column `gn`'s bias into `eb`, of row `#`'s
+    /// residual into `er#` (once per row), and the code applying them to `v`, row `#`'s sum.
+    fn early_late(&self) -> (String, String, String) {
+        let (mut early, mut early_row, mut late) = (String::new(), String::new(), String::new());
+        if let Some(i) = self.bias_at {
+            early += &format!("let eb = {};\n", bias_load(i));
+            late += "v += eb;\n";
+        }
+        if self.activation > 0 {
+            late += "v = activate(v);\n";
+        }
+        if let Some(i) = self.res_at {
+            early_row += &format!("let er# = {};\n", residual_load(i, "#u"));
+            late += "v += er#;\n";
+        }
+        (early, early_row, late)
+    }
+}
+
+/// The bias of column `gn`, from binding `i`.
+fn bias_load(i: usize) -> String {
+    format!("ld{i}(params.bias_offset + gn * params.bias_stride)")
+}
+
+/// The residual of output (`row`, `gn`), from binding `i`.
+fn residual_load(i: usize, row: &str) -> String {
+    format!("ld{i}(r_base + {row} * params.res_row_stride + gn * params.res_col_stride)")
 }
 
 /// A matmul without epilogue: what partial products over parts of K compute.

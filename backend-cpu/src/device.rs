@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tessera_core::dist::{Collective, HostCollective, Rendezvous};
+use tessera_core::exec::unfused::norm_then_matmul;
 use tessera_core::exec::KernelCache;
 use tessera_core::memory::Pool;
 use tessera_core::ops::{check_dtypes, validate_kernel_launch};
@@ -98,6 +99,36 @@ impl CpuDevice {
     }
 }
 
+/// A buffer of at least `bytes` from `pool`, refused past `max` bytes.
+fn alloc(pool: &SharedPool, bytes: usize, max: usize) -> Result<Arc<dyn Buffer>> {
+    let mut guard = pool.lock().unwrap_or_else(PoisonError::into_inner);
+    let stats = guard.stats();
+    if bytes > max {
+        return Err(Error::OutOfMemory {
+            requested: bytes,
+            in_use: stats.in_use,
+            limit: max,
+        });
+    }
+    let (block, class) = guard.alloc(
+        bytes,
+        |_| true,
+        |class| {
+            let words = class.div_ceil(8);
+            let mut v = Vec::new();
+            v.try_reserve_exact(words).map_err(|_| Error::OutOfMemory {
+                requested: bytes,
+                in_use: stats.in_use,
+                limit: stats.limit.unwrap_or(usize::MAX),
+            })?;
+            v.resize(words, 0u64);
+            Ok(v)
+        },
+    )?;
+    drop(guard);
+    Ok(Arc::new(CpuBuffer::new(block, bytes, class, pool.clone())))
+}
+
 fn byte_range(
     op: &str,
     buffer: &Arc<dyn Buffer>,
@@ -122,38 +153,7 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
-        let mut pool = self.pool();
-        let stats = pool.stats();
-        let max = self.info.limits.max_buffer_bytes;
-        if bytes > max {
-            return Err(Error::OutOfMemory {
-                requested: bytes,
-                in_use: stats.in_use,
-                limit: max,
-            });
-        }
-        let (block, class) = pool.alloc(
-            bytes,
-            |_| true,
-            |class| {
-                let words = class.div_ceil(8);
-                let mut v = Vec::new();
-                v.try_reserve_exact(words).map_err(|_| Error::OutOfMemory {
-                    requested: bytes,
-                    in_use: stats.in_use,
-                    limit: stats.limit.unwrap_or(usize::MAX),
-                })?;
-                v.resize(words, 0u64);
-                Ok(v)
-            },
-        )?;
-        drop(pool);
-        Ok(Arc::new(CpuBuffer::new(
-            block,
-            bytes,
-            class,
-            self.pool.clone(),
-        )))
+        alloc(&self.pool, bytes, self.info.limits.max_buffer_bytes)
     }
 
     fn write(&self, buffer: &Arc<dyn Buffer>, offset: usize, data: &[u8]) -> Result<()> {
@@ -175,6 +175,8 @@ impl Device for CpuDevice {
             Ok(Arc::new(CpuKernel {
                 op: op.clone(),
                 dtypes: input_dtypes.to_vec(),
+                pool: self.pool.clone(),
+                max_buffer_bytes: self.info.limits.max_buffer_bytes,
             }))
         })
     }
@@ -213,11 +215,22 @@ impl Device for CpuDevice {
     }
 }
 
-/// A catalog op bound to the input dtypes it was requested for.
-#[derive(Debug)]
+/// A catalog op bound to the input dtypes it was requested for, with the device's pool for
+/// the scratch of ops run as the ops they fuse.
 struct CpuKernel {
     op: Op,
     dtypes: Vec<DType>,
+    pool: SharedPool,
+    max_buffer_bytes: usize,
+}
+
+impl fmt::Debug for CpuKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuKernel")
+            .field("op", &self.op)
+            .field("dtypes", &self.dtypes)
+            .finish()
+    }
 }
 
 impl Kernel for CpuKernel {
@@ -232,18 +245,32 @@ impl Kernel for CpuKernel {
         scalars: &[f64],
     ) -> Result<()> {
         validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
-        let op = &self.op;
-        match op.family() {
-            OpFamily::Random => random::launch(op, outputs, scalars),
-            OpFamily::Elementwise => elementwise::launch(op, inputs, outputs, scalars),
-            OpFamily::Reduce => reduce::launch(op, inputs, outputs),
-            OpFamily::Matmul => matmul::launch(op, inputs, outputs),
-            OpFamily::Movement => movement::launch(op, inputs, outputs),
-            OpFamily::Norm => norm::launch(op, inputs, outputs, scalars),
-            OpFamily::Attention => attention::launch(op, inputs, outputs, scalars),
-            OpFamily::Loss => loss::launch(op, inputs, outputs),
-            OpFamily::Optim => optim::launch(op, inputs, outputs, scalars),
-            OpFamily::Conv => conv::launch(op, inputs, outputs),
+        if let Op::NormMatmul { .. } = self.op {
+            // The reference computes the norm and the product as the two ops they are.
+            let scratch = |bytes| alloc(&self.pool, bytes, self.max_buffer_bytes);
+            return norm_then_matmul(&self.op, inputs, outputs, scalars, &scratch, &launch);
         }
+        launch(&self.op, inputs, outputs, scalars)
+    }
+}
+
+/// Runs `op` on its family's code.
+fn launch(
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+) -> Result<()> {
+    match op.family() {
+        OpFamily::Random => random::launch(op, outputs, scalars),
+        OpFamily::Elementwise => elementwise::launch(op, inputs, outputs, scalars),
+        OpFamily::Reduce => reduce::launch(op, inputs, outputs),
+        OpFamily::Matmul => matmul::launch(op, inputs, outputs),
+        OpFamily::Movement => movement::launch(op, inputs, outputs),
+        OpFamily::Norm => norm::launch(op, inputs, outputs, scalars),
+        OpFamily::Attention => attention::launch(op, inputs, outputs, scalars),
+        OpFamily::Loss => loss::launch(op, inputs, outputs),
+        OpFamily::Optim => optim::launch(op, inputs, outputs, scalars),
+        OpFamily::Conv => conv::launch(op, inputs, outputs),
     }
 }

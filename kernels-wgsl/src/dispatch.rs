@@ -60,7 +60,8 @@ impl PartLauncher for Planner<'_> {
         self.0.scratch(bytes)
     }
 
-    /// Matmul splits along K into partial sums its own kernel adds with the epilogue, the
+    /// Matmul splits along K into partial sums its own kernel adds with the epilogue (a
+    /// normalized product that does not fit runs as its norm and its product), the
     /// convolutions into parts of images and of their im2col columns, embedding and its
     /// backward into ranges of table rows and positions, concat into a copy per input, and
     /// the squared norm into chunks of partial sums.
@@ -72,6 +73,7 @@ impl PartLauncher for Planner<'_> {
                 | Op::EmbeddingBackward
                 | Op::Concat { .. }
                 | Op::Matmul { .. }
+                | Op::NormMatmul { .. }
                 | Op::Conv2d { .. }
                 | Op::Conv2dBackwardData { .. }
                 | Op::Conv2dBackwardWeight { .. }
@@ -92,6 +94,7 @@ impl PartLauncher for Planner<'_> {
             (_, OpFamily::Elementwise) => elementwise::launch(gpu, op, i, o, s),
             (Op::ArgMax { axis, .. }, _) => reduce::argmax(gpu, *axis, &i[0], &o[0], part.first),
             (_, OpFamily::Reduce) => reduce::launch(gpu, op, i, o),
+            (Op::NormMatmul { .. }, _) => matmul::launch_normed(gpu, op, i, o, s),
             (_, OpFamily::Matmul) if gpu.fits(i) && gpu.fits(o) => matmul::launch(gpu, op, i, o),
             (_, OpFamily::Matmul) => matmul::launch_windows(gpu, op, i, o),
             (Op::Gather { axis }, _) if part != Part::WHOLE => {

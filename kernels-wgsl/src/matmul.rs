@@ -10,10 +10,14 @@
 //! tensor-core kernels split a long K over workgroups into partial sums that a second kernel
 //! adds in order, so results stay deterministic: the tiled kernel wherever that fills its last
 //! wave of workgroups better ([`split_k_by_waves`]), the tensor-core kernels where few output
-//! tiles meet a long K (weight gradients, [`split_k`]).
+//! tiles meet a long K (weight gradients, [`split_k`]). A normalized product (`NormMatmul`,
+//! decoding's projections after their layer norm) runs as one `rows_wide` kernel that takes
+//! each row's statistics itself and normalizes `a` as it loads it, saving the norm's launch
+//! per projection; shapes that kernel does not take run as the norm, then the product.
 
 use std::sync::Arc;
 
+use tessera_core::ops::NormKind;
 use tessera_core::{merge_dims, Buffer, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
 
 use crate::elementwise;
@@ -25,6 +29,7 @@ use crate::source::{
     groups_for, key, run, run_grid, run_native, unsupported, wide_along, wide_helpers,
 };
 use tessera_core::exec::split;
+use tessera_core::exec::unfused::norm_then_matmul;
 
 const SRC: &str = include_str!("../kernels/matmul.wgsl");
 
@@ -35,7 +40,8 @@ param_block! {
     /// A matmul's parameters: `[batch..., m, n] += [batch..., m, k] x [batch..., k, n]`, each
     /// operand's element offset and strides (batch strides per merged batch dimension), the
     /// bias's and residual's where the epilogue has them, the split-K count and k per split,
-    /// and the epilogue's activation ([`Epilogue::activation`]).
+    /// the epilogue's activation ([`Epilogue::activation`]), and a normalized product's norm
+    /// parameters' offsets and eps.
     MatmulParams {
         m: u32,
         n: u32,
@@ -57,6 +63,9 @@ param_block! {
         splits: u32,
         k_per_split: u32,
         activation: u32,
+        norm_offset: u32,
+        shift_offset: u32,
+        eps: f32,
         batch_shape: [u32; MAX_BATCH_DIMS],
         a_batch_strides: [u32; MAX_BATCH_DIMS],
         b_batch_strides: [u32; MAX_BATCH_DIMS],
@@ -169,15 +178,25 @@ fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
 /// memory once, not once per vector.
 const WIDE_ROWS_UNROLL: usize = 4;
 
-/// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`.
-/// A step's loads past k read the last vector again (clamped, so every load is in bounds and
-/// none waits on a branch) and count for nothing. The epilogue's operands are read before the
-/// products, so their loads wait alongside the first step's.
-fn wide_rows_code(m: usize, dtype: DType, epilogue: &Epilogue) -> Vec<(&'static str, String)> {
+/// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`,
+/// their `a` normalized by `norm` where given. A step's loads past k read the last vector
+/// again (clamped, so every load is in bounds and none waits on a branch) and count for
+/// nothing. The epilogue's operands are read before the products, so their loads wait
+/// alongside the first step's.
+fn wide_rows_code(
+    m: usize,
+    dtype: DType,
+    epilogue: &Epilogue,
+    norm: Option<NormKind>,
+) -> Vec<(&'static str, String)> {
     let each = |t: &str| {
         (0..m)
             .map(|r| t.replace('#', &r.to_string()))
             .collect::<String>()
+    };
+    let a_load = |at: &str| match norm {
+        None => format!("ldv1(a_base + #u * sam + {at})"),
+        Some(_) => format!("normed(a_base + #u * sam, {at}, mean#, rstd#)"),
     };
     let loads = (0..WIDE_ROWS_UNROLL)
         .map(|j| {
@@ -186,16 +205,17 @@ fn wide_rows_code(m: usize, dtype: DType, epilogue: &Epilogue) -> Vec<(&'static 
         .collect::<String>();
     let terms = (0..WIDE_ROWS_UNROLL)
         .map(|j| {
-            format!(
-                "select(0.0, dotv(ldv1(a_base + #u * sam + min(i{j}, kv - 1u)), w{j}), i{j} < kv)"
-            )
+            let a = a_load(&format!("min(i{j}, kv - 1u)"));
+            format!("select(0.0, dotv({a}, w{j}), i{j} < kv)")
         })
         .collect::<Vec<_>>()
         .join(" + ");
     let (early, early_row, late) = epilogue.early_late();
     let store = &epilogue.store;
+    let (norm_fns, norm_stats) = norm.map_or_else(Default::default, |kind| norm_code(kind, dtype));
     vec![
-        ("VECTOR_MATH", wide_helpers(dtype)),
+        ("VECTOR_MATH", wide_helpers(dtype) + &norm_fns),
+        ("NORM_STATS", each(&norm_stats)),
         ("UNROLL_U", format!("{WIDE_ROWS_UNROLL}u")),
         ("EARLY", early + &each(&early_row)),
         ("ZERO", each("var acc# = 0.0;\n")),
@@ -210,6 +230,65 @@ fn wide_rows_code(m: usize, dtype: DType, epilogue: &Epilogue) -> Vec<(&'static 
                 + "}\n",
         ),
     ]
+}
+
+/// A normalized product's code for the `rows_wide` kernel: `normed(base, i, mean, rstd)`, `a`'s
+/// vector `i` (row at `base`) normalized as the norm op computes its output and rounded to
+/// `dtype` as that op stores it, and each row `#`'s `mean#` and `rstd#`, summed over the
+/// subgroup in two passes over the row (the second from cache), as the norm op does.
+fn norm_code(kind: NormKind, dtype: DType) -> (String, String) {
+    let (value, shift) = match kind {
+        NormKind::Layer => (
+            "(quad(x, H) - mean) * rstd * quad(w, H) + quad(s, H)",
+            "let s = ldv4(params.shift_offset / VEC + i);\n",
+        ),
+        NormKind::Rms => ("quad(x, H) * rstd * quad(w, H)", ""),
+    };
+    let quad = |h: &str| value.replace('H', h);
+    let (pack, packed) = match dtype {
+        DType::F32 => (String::new(), format!("bitcast<vec4<u32>>({})", quad("0u"))),
+        _ => {
+            let pack = match dtype {
+                DType::F16 => "pack2x16float(vec2<f32>(f32(to_f16(v.x)), f32(to_f16(v.y))))",
+                _ => "bf16_bits(v.x) | (bf16_bits(v.y) << 16u)",
+            };
+            (
+                format!("fn pack2(v: vec2<f32>) -> u32 {{ return {pack}; }}\n"),
+                "vec4<u32>(pack2(lo.xy), pack2(lo.zw), pack2(hi.xy), pack2(hi.zw))".to_string(),
+            )
+        }
+    };
+    let halves = if dtype == DType::F32 {
+        String::new()
+    } else {
+        format!("let lo = {};\nlet hi = {};\n", quad("0u"), quad("1u"))
+    };
+    let fns = format!(
+        "{pack}fn normed(base: u32, i: u32, mean: f32, rstd: f32) -> vec4<u32> {{\n\
+         let x = ldv1(base + i);\n\
+         let w = ldv3(params.norm_offset / VEC + i);\n\
+         {shift}{halves}return {packed};\n}}\n"
+    );
+    let pass = |body: &str| {
+        format!(
+            "for (var kk = lane; kk < kv; kk += width) {{\n\
+             let x = ldv1(a_base + #u * sam + kk);\n\
+             for (var h = 0u; h < QUADS; h += 1u) {{\n{body}}}\n}}\n"
+        )
+    };
+    let mean = match kind {
+        NormKind::Layer => {
+            "var sum# = 0.0;\n".to_string()
+                + &pass("let q = quad(x, h);\nsum# += (q.x + q.y) + (q.z + q.w);\n")
+                + "let mean# = subgroupAdd(sum#) / f32(params.k);\n"
+        }
+        NormKind::Rms => "let mean# = 0.0;\n".to_string(),
+    };
+    let stats = mean
+        + "var sq# = 0.0;\n"
+        + &pass("let d = quad(x, h) - mean#;\nsq# += dot(d, d);\n")
+        + "let rstd# = 1.0 / sqrt(subgroupAdd(sq#) / f32(params.k) + params.eps);\n";
+    (fns, stats)
 }
 
 /// The tensor-core kernel's staging code where both operands (of `dtype`, f16 or bf16) read as
@@ -469,16 +548,22 @@ struct Epilogue {
 impl Epilogue {
     /// The epilogue of a matmul op; `None` for an activation the kernels lack.
     fn of(op: &Op) -> Option<Epilogue> {
-        let Op::Matmul {
-            bias,
-            activation,
-            residual,
-        } = op
-        else {
-            return None;
+        // The epilogue's operands follow a and b (and a normalized product's norm).
+        let (bias, activation, residual, mut next) = match op {
+            Op::Matmul {
+                bias,
+                activation,
+                residual,
+            } => (bias, activation, residual, 3),
+            Op::NormMatmul {
+                norm,
+                bias,
+                activation,
+                residual,
+            } => (bias, activation, residual, 3 + norm.params()),
+            _ => return None,
         };
         let mut code = String::new();
-        let mut next = 3;
         let bias_at = bias.then(|| {
             next += 1;
             next - 1
@@ -557,31 +642,64 @@ fn kernel_key(
     outputs: &[TensorRef<'_>],
     variant: &str,
 ) -> String {
-    match *op {
-        Op::Matmul {
-            bias,
-            activation,
-            residual,
-        } => {
-            let kernel_op = Op::Matmul {
-                bias,
-                activation: None,
-                residual,
-            };
-            let activated = if activation.is_some() {
-                "/activated"
-            } else {
-                ""
-            };
-            key(
-                &kernel_op,
-                inputs,
-                outputs,
-                &format!("{variant}{activated}"),
-            )
+    let mut kernel_op = op.clone();
+    let activated = match &mut kernel_op {
+        Op::Matmul { activation, .. } | Op::NormMatmul { activation, .. } => {
+            activation.take().is_some()
         }
-        _ => key(op, inputs, outputs, variant),
+        _ => false,
+    };
+    let activated = if activated { "/activated" } else { "" };
+    key(
+        &kernel_op,
+        inputs,
+        outputs,
+        &format!("{variant}{activated}"),
+    )
+}
+
+/// Whether a normalized product runs as one `rows_wide` kernel: few rows, `b` a linear's
+/// weight (contiguous in k), `x`, `b` and the norm's parameters read as 16-byte vectors, and
+/// every operand in one binding (decoding's products); otherwise it runs as its norm, then
+/// its product ([`norm_then_matmul`]).
+fn normed_in_one(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+) -> bool {
+    let Op::NormMatmul { norm, .. } = op else {
+        return false;
+    };
+    let (x, b) = (&inputs[0], &inputs[1]);
+    let params_wide = inputs[2..2 + norm.params()]
+        .iter()
+        .all(|p| wide_along(gpu, p, 0).is_some());
+    x.layout.shape[0] <= MAX_FEW_ROWS
+        && b.layout.strides[0] <= b.layout.strides[1]
+        && wide_rows(gpu, x, b)
+        && params_wide
+        && gpu.fits(inputs)
+        && gpu.fits(outputs)
+}
+
+/// A normalized product (`NormMatmul`): one kernel where [`normed_in_one`] allows, else its
+/// norm, then its product, each launched (and split over windows) as the op it is.
+pub(crate) fn launch_normed(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+) -> Result<()> {
+    if normed_in_one(gpu, op, inputs, outputs) {
+        return launch_product(gpu, op, inputs, outputs, scalars[0] as f32);
     }
+    let scratch = |bytes| gpu.scratch(bytes);
+    let launch = |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| {
+        crate::dispatch::launch(gpu, op, i, o, s)
+    };
+    norm_then_matmul(op, inputs, outputs, scalars, &scratch, &launch)
 }
 
 pub(crate) fn launch(
@@ -589,6 +707,17 @@ pub(crate) fn launch(
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
+) -> Result<()> {
+    launch_product(gpu, op, inputs, outputs, 0.0)
+}
+
+/// A matmul, or a normalized product that [`normed_in_one`] allows, whose norm adds `eps`.
+fn launch_product(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    eps: f32,
 ) -> Result<()> {
     check_batch_dims(gpu, op, inputs)?;
     let (a, b) = (&inputs[0], &inputs[1]);
@@ -601,6 +730,11 @@ pub(crate) fn launch(
     let batch: usize = a.layout.shape[..r - 2].iter().product();
     let epilogue = Epilogue::of(op).ok_or_else(|| unsupported(gpu, op))?;
     let (bias_at, res_at, activation) = (epilogue.bias_at, epilogue.res_at, epilogue.activation);
+    let norm = match *op {
+        Op::NormMatmul { norm, .. } => Some(norm),
+        _ => None,
+    };
+
     let a_dtype = a.dtype;
     let (sa, sb) = (&a.layout.strides, &b.layout.strides);
     let along = |k_fast: bool| if k_fast { "along_k" } else { "along_mn" };
@@ -634,6 +768,7 @@ pub(crate) fn launch(
         activation,
         splits: 1,
         k_per_split: k,
+        norm: norm.map(|kind| (kind, eps)),
     };
     let lanes = if b_at == "along_k" {
         few_rows_lanes(n)
@@ -648,6 +783,9 @@ pub(crate) fn launch(
         // narrower.
         let grid = [gpu.dim(n.div_ceil(2)), 1, gpu.dim(batch)];
         ("rows_wide", format!("rows_wide{m}"), grid)
+    } else if norm.is_some() {
+        // `launch_normed` sends only what `rows_wide` runs here.
+        return Err(unsupported(gpu, op));
     } else if few_rows {
         let grid = [gpu.dim(n.div_ceil(256 / lanes)), 1, gpu.dim(batch)];
         let section = if b_at == "along_k" { "rows" } else { "columns" };
@@ -704,7 +842,7 @@ pub(crate) fn launch(
         move || {
             match section {
                 "rows" => subst.extend(few_rows_code(m, lanes)),
-                "rows_wide" => subst.extend(wide_rows_code(m, a_dtype, &epilogue)),
+                "rows_wide" => subst.extend(wide_rows_code(m, a_dtype, &epilogue, norm)),
                 "columns" => subst.extend(columns_code(m, lanes)),
                 _ => {}
             }
@@ -1239,6 +1377,7 @@ fn split_k_windows(
         activation: epilogue.activation,
         splits,
         k_per_split: kc,
+        norm: None,
     };
     sum_splits(gpu, op, &finish, &problem, sums, outputs)
 }
@@ -1258,6 +1397,8 @@ struct Problem<'a> {
     activation: usize,
     splits: usize,
     k_per_split: usize,
+    /// A normalized product's norm and eps.
+    norm: Option<(NormKind, f32)>,
 }
 
 impl Problem<'_> {
@@ -1284,6 +1425,13 @@ impl Problem<'_> {
             activation: u(self.activation),
             ..MatmulParams::default()
         };
+        if let Some((kind, eps)) = self.norm {
+            params.norm_offset = u(o[2]);
+            if kind == NormKind::Layer {
+                params.shift_offset = u(o[3]);
+            }
+            params.eps = eps;
+        }
         if let Some(i) = self.bias_at {
             params.bias_offset = u(o[i - 1]);
             params.bias_stride = u(inputs[i - 1].layout.strides[0]);
@@ -1474,14 +1622,28 @@ mod tests {
         };
         let every = Epilogue::of(&every).expect("a matmul epilogue");
         let plain = Epilogue::of(&PLAIN).expect("a matmul epilogue");
+        let normed = |norm: NormKind| Op::NormMatmul {
+            norm,
+            bias: true,
+            activation: Some(UnaryOp::Gelu),
+            residual: true,
+        };
+        let layer = Epilogue::of(&normed(NormKind::Layer)).expect("an epilogue");
+        let rms = Epilogue::of(&normed(NormKind::Rms)).expect("an epilogue");
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for (epilogue, count) in [(&plain, 3), (&every, 5)] {
+            let kernels = [
+                (&plain, 3, None),
+                (&every, 5, None),
+                (&layer, 7, Some(NormKind::Layer)),
+                (&rms, 6, Some(NormKind::Rms)),
+            ];
+            for (epilogue, count, norm) in kernels {
                 let bindings: Vec<_> = (0..count).map(|i| (dtype, i + 1 == count)).collect();
                 let mut subst = vec![
                     ("EPILOGUE", epilogue.code.clone()),
                     ("STORE", epilogue.store.clone()),
                 ];
-                subst.extend(wide_rows_code(3, dtype, epilogue));
+                subst.extend(wide_rows_code(3, dtype, epilogue, norm));
                 let build = Build {
                     immediate_words: Some(64),
                     subgroups: true,
@@ -1489,8 +1651,12 @@ mod tests {
                 let params = MatmulParams::wgsl();
                 let src = source(SRC, "rows_wide", &bindings, &subst, build, &params);
                 assert!(src.contains("var<storage, read_write> b2: array<vec4<u32>>"));
+                if norm.is_some() {
+                    assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
+                }
                 let code = &epilogue.code;
-                crate::source::assert_valid(&src, &format!("rows_wide {dtype:?} {code:?}"));
+                let what = format!("rows_wide {dtype:?} {code:?} {norm:?}");
+                crate::source::assert_valid(&src, &what);
             }
         }
     }

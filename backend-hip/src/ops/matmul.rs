@@ -16,9 +16,13 @@
 //! the memory's speed (cuBLASLt took 6-7 us for each of GPT-2's 768 x 3,072 products of one
 //! row on an H100), and need a second launch for a bias with a residual. `few_rows` reads
 //! the weight once at full width and applies the whole epilogue.
+//! A normalized product (`NormMatmul`) runs as its norm into scratch, then its product
+//! (`exec::unfused`): decoding here replays as a CUDA graph, where one more launch costs
+//! little.
 
 use std::sync::Arc;
 
+use tessera_core::exec::unfused::norm_then_matmul;
 use tessera_core::{merge_dims, Buffer, DType, Layout, Op, Result, TensorRef, UnaryOp};
 
 use super::{cxx_type, elementwise, index_type, raw_type};
@@ -425,8 +429,15 @@ pub(crate) fn launch(
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
-    _scalars: &[f64],
+    scalars: &[f64],
 ) -> Result<()> {
+    if let Op::NormMatmul { .. } = op {
+        let scratch = |bytes| gpu.alloc(bytes);
+        let launch = |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| {
+            super::launch_family(gpu, op, i, o, s)
+        };
+        return norm_then_matmul(op, inputs, outputs, scalars, &scratch, &launch);
+    }
     let Op::Matmul {
         bias,
         activation,

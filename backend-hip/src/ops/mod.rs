@@ -176,6 +176,12 @@ mod tests {
             Matmul { bias, residual, .. } => {
                 vec![f; 2 + usize::from(*bias) + usize::from(*residual)]
             }
+            NormMatmul {
+                norm,
+                bias,
+                residual,
+                ..
+            } => vec![f; 2 + norm.params() + usize::from(*bias) + usize::from(*residual)],
             Concat { .. } => vec![f, f],
             SquaredNorm => vec![f, f],
             Embedding | Gather { .. } => vec![f, i],

@@ -1,9 +1,11 @@
 //! Matmul samples: batched, broadcast batches, transposed operands, every epilogue, K = 0,
-//! few rows, split K, and large products with sizes off multiples of 8.
+//! few rows, split K, and large products with sizes off multiples of 8; normalized products
+//! (`NormMatmul`) of both norms, in one kernel's reach and past it.
 
-use tessera::{Op, UnaryOp};
+use tessera::ops::NormKind;
+use tessera::{DType, Op, UnaryOp};
 
-use super::{input, uniform, Input, Sample, View};
+use super::{input, uniform, Gen, Input, Sample, View};
 
 fn operands(a: &[usize], b: &[usize], va: View, vb: View) -> Vec<Input> {
     vec![
@@ -184,6 +186,153 @@ pub(super) fn samples() -> Vec<Sample> {
         }
         out.push(fused(&[2, 5, 7], &[2, 7, 3], c(), true, activation, true));
         out.push(fused(&[2, 3], &[3, 4], c(), true, activation, true).gradcheck());
+    }
+    out
+}
+
+/// How a normalized product's sample fills `x` and the norm's parameters.
+#[derive(Clone, Copy, PartialEq)]
+enum Rows {
+    /// Uniform values (f32 and f64, whose rounding of the normalized rows is far below the
+    /// tolerance), eps 1e-5.
+    Random,
+    /// Rows alternating `m + s` and `m - s` for a power of two `s` (`m = 0` for RMS norm),
+    /// weights and shifts on a grid of eighths, eps 0: every statistic and normalized value
+    /// is exact in f16 and bf16, so the op's rounding of the normalized rows to the dtype
+    /// rounds nothing and an f64 reference checks the 16-bit kernels as it checks any
+    /// product. (With random rows that rounding moves the result by more than a product's
+    /// tolerance where terms cancel.)
+    Exact,
+}
+
+/// Row `r`'s `m` and `s` for [`Rows::Exact`].
+fn exact_row(norm: NormKind, r: usize) -> (f64, f64) {
+    let m = [0.75, -1.5, 2.0, 0.25][r % 4];
+    let s = [0.5, 0.25, 1.0, 2.0][r % 4];
+    match norm {
+        NormKind::Layer => (m, s),
+        NormKind::Rms => (0.0, s),
+    }
+}
+
+/// A normalized product `norm(x [M, K]) @ b [K, N]` with `b` seen through `b_view` (a linear's
+/// weight is `b` transposed), then an epilogue.
+#[allow(clippy::too_many_arguments)]
+fn normed(
+    rows: Rows,
+    norm: NormKind,
+    [m, k, n]: [usize; 3],
+    b_view: View,
+    bias: bool,
+    activation: Option<UnaryOp>,
+    residual: bool,
+) -> Sample {
+    let b_described = b_view.describe();
+    let eighths = |lo: i32, hi: i32| Gen::Values((lo..=hi).map(|i| f64::from(i) / 8.0).collect());
+    let (x, weight, shift, eps, dtypes) = match rows {
+        Rows::Random => (
+            uniform(-2.0, 3.0),
+            uniform(0.5, 1.5),
+            uniform(-0.5, 0.5),
+            1e-5,
+            vec![DType::F32, DType::F64],
+        ),
+        Rows::Exact => {
+            let values = (0..m * k)
+                .map(|i| {
+                    let (mean, s) = exact_row(norm, i / k);
+                    if i % 2 == 0 {
+                        mean + s
+                    } else {
+                        mean - s
+                    }
+                })
+                .collect();
+            (
+                Gen::Values(values),
+                eighths(4, 12),
+                eighths(-4, 4),
+                0.0,
+                vec![DType::F16, DType::BF16],
+            )
+        }
+    };
+    let mut inputs = vec![
+        input(&[m, k], x),
+        input(&[k, n], uniform(-1.0, 1.0)).view(b_view),
+        input(&[k], weight),
+    ];
+    if norm == NormKind::Layer {
+        inputs.push(input(&[k], shift));
+    }
+    if bias {
+        inputs.push(input(&[n], uniform(-1.0, 1.0)));
+    }
+    if residual {
+        inputs.push(input(&[m, n], uniform(-1.0, 1.0)));
+    }
+    let act = activation.map_or("none", |u| u.name());
+    let exact = if rows == Rows::Exact {
+        " exact rows"
+    } else {
+        ""
+    };
+    let op = Op::NormMatmul {
+        norm,
+        bias,
+        activation,
+        residual,
+    };
+    Sample::new(
+        op,
+        format!(
+            "{norm:?}{exact} [{m}, {k}] x [{k}, {n}] bias {bias} act {act} residual {residual}{b_described}"
+        ),
+        inputs,
+    )
+    .scalars(&[eps])
+    .dtypes(&dtypes)
+    .reduce(k)
+}
+
+/// Normalized products: decoding's (few rows, K in whole 16-byte vectors: one kernel on
+/// GPUs) with every epilogue, K over many subgroup strides, and the shapes that run as the
+/// norm and then the product (many rows, K off whole vectors, an untransposed `b`); each with
+/// both norms, random rows in f32 and f64 and exact rows in f16 and bf16 ([`Rows`]).
+/// Products past one binding are left to the norm's and the matmul's own large samples,
+/// which such products run as.
+pub(super) fn normed_samples() -> Vec<Sample> {
+    let weight = || View::Permuted(vec![1, 0]);
+    let mut out = Vec::new();
+    for rows in [Rows::Random, Rows::Exact] {
+        for norm in [NormKind::Layer, NormKind::Rms] {
+            let gelu = Some(UnaryOp::Gelu);
+            out.extend([
+                normed(rows, norm, [1, 768, 96], weight(), true, None, false),
+                normed(rows, norm, [3, 512, 70], weight(), true, gelu, true),
+                normed(rows, norm, [8, 256, 33], weight(), true, None, true),
+                normed(
+                    rows,
+                    norm,
+                    [2, 2048, 40],
+                    weight(),
+                    false,
+                    Some(UnaryOp::Silu),
+                    false,
+                ),
+                normed(
+                    rows,
+                    norm,
+                    [20, 64, 48],
+                    weight(),
+                    true,
+                    Some(UnaryOp::Relu),
+                    true,
+                ),
+                normed(rows, norm, [2, 34, 9], weight(), true, None, true),
+                normed(rows, norm, [1, 64, 40], View::Contiguous, true, None, false),
+            ]);
+        }
     }
     out
 }

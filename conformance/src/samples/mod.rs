@@ -371,6 +371,7 @@ pub fn family_samples(op: &Op) -> Vec<Sample> {
         Op::Softmax | Op::LogSoftmax => reduce::softmax(op),
         Op::SoftmaxBackward | Op::LogSoftmaxBackward => reduce::softmax_backward(op),
         Op::Matmul { .. } => matmul::samples(),
+        Op::NormMatmul { .. } => matmul::normed_samples(),
         Op::Concat { .. } => movement::concat(),
         Op::Embedding => movement::embedding(),
         Op::EmbeddingBackward => movement::embedding_backward(),

@@ -9,10 +9,12 @@
 //!   against the small [`PartLauncher`] trait (used by backends that bind windows of
 //!   buffers: wgpu, and Vulkan through the same kernels crate).
 //! - [`DiskCache`]: compiled kernels kept on disk between runs.
+//! - [`unfused`]: fused ops run as the ops they fuse, where a backend has no fused kernel.
 
 mod cache;
 mod disk;
 pub mod split;
+pub mod unfused;
 
 pub use cache::KernelCache;
 pub use disk::{fnv1a, DiskCache};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::{Family, TransformerConfig};
 use crate::nn::{
     join, CausalSelfAttention, Embedding, FeedForward, KvCache, LayerCache, LayerNorm, Linear, Mlp,
-    Module, Norm, Positions, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
+    Module, Norm, Positions, PreNormed, QkvProjection, RmsNorm, Rotary, SwiGluMlp,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -38,10 +38,16 @@ impl Block {
         positions: Positions<'_>,
         cache: Option<(&mut Option<LayerCache>, Option<usize>)>,
     ) -> Result<Tensor> {
-        let x = self
-            .attn
-            .forward(&self.norm1.forward(x)?, positions, cache, Some(x))?;
-        self.mlp.forward(&self.norm2.forward(&x)?, Some(&x))
+        let normed = PreNormed {
+            x,
+            norm: &self.norm1,
+        };
+        let x = self.attn.forward(normed, positions, cache, Some(x))?;
+        let normed = PreNormed {
+            x: &x,
+            norm: &self.norm2,
+        };
+        self.mlp.forward(normed, Some(&x))
     }
 }
 
@@ -388,12 +394,15 @@ impl Transformer {
             });
             x = block.forward(&x, positions, slot)?;
         }
-        let x = self.norm.forward(&x)?;
         let head = self
             .lm_head
             .as_ref()
             .map_or(&self.embed.weight, |l| &l.weight);
-        x.linear(head, None)
+        let normed = PreNormed {
+            x: &x,
+            norm: &self.norm,
+        };
+        normed.linear(head, None, None, None)
     }
 
     /// Mean next-token cross-entropy of `ids [B, T]`: logits at `0..T-1` against ids at

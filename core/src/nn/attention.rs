@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{join, Linear, Module};
+use super::{join, Linear, Module, PreNormed};
 use crate::{DType, Device, Result, Tensor};
 
 /// Rotary position tables `[positions, head_dim / 2]`, computed as Hugging Face Llama
@@ -306,21 +306,21 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    /// `x [B, T, C]` at `positions` to `[B, T, C]`, plus `residual` if given (added in the
-    /// output projection's matmul). With a cache (of `capacity` positions where fixed), the
+    /// `norm(x)` for `x [B, T, C]` at `positions` to `[B, T, C]`, plus `residual` if given
+    /// (added in the output projection's matmul). With a cache (of `capacity` positions where fixed), the
     /// new keys and values are appended (written at the device positions) and attention
     /// covers every cached position up to each query's.
     pub fn forward(
         &self,
-        x: &Tensor,
+        x: PreNormed<'_>,
         positions: Positions<'_>,
         cache: Option<(&mut Option<LayerCache>, Option<usize>)>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let &[b, t, _] = x.shape() else {
+        let &[b, t, _] = x.x.shape() else {
             return Err(crate::Error::shape(
                 "attention",
-                format!("x must be [B, T, C]; got {:?} {}", x.shape(), x.dtype()),
+                format!("x must be [B, T, C]; got {:?} {}", x.x.shape(), x.x.dtype()),
             ));
         };
         let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
@@ -338,7 +338,9 @@ impl CausalSelfAttention {
             let (q, kv) = match (&self.qkv, &self.rotary) {
                 // GPT-2: keys and values go into the cache from the projection's output.
                 (QkvProjection::Fused(lin), None) if hq == hkv => {
-                    let y = lin.forward(x)?.reshape(&[b, t, 3, hq, d])?;
+                    let y = x
+                        .linear(&lin.weight, lin.bias.as_ref(), None, None)?
+                        .reshape(&[b, t, 3, hq, d])?;
                     let q = y.select(2, 0)?.transpose(1, 2)?.contiguous()?;
                     (q, y.narrow(2, 1, 2)?.permute(&[2, 0, 3, 1, 4])?)
                 }
@@ -366,7 +368,9 @@ impl CausalSelfAttention {
             (QkvProjection::Fused(lin), Some((slot, fixed)))
                 if self.rotary.is_none() && hq == hkv =>
             {
-                let y = lin.forward(x)?.reshape(&[b, t, 3, hq, d])?;
+                let y = x
+                    .linear(&lin.weight, lin.bias.as_ref(), None, None)?
+                    .reshape(&[b, t, 3, hq, d])?;
                 let q = y.select(2, 0)?.transpose(1, 2)?.contiguous()?;
                 let kv = y.narrow(2, 1, 2)?.permute(&[2, 0, 3, 1, 4])?;
                 let (k, v) = LayerCache::append_stacked(slot, fixed, &kv)?;
@@ -390,19 +394,23 @@ impl CausalSelfAttention {
         self.out.forward_plus(&y, residual)
     }
 
-    /// Queries, keys and values of `x [B, T, C]`, each `[B, T, heads * D]`.
-    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    /// Queries, keys and values of `norm(x)` for `x [B, T, C]`, each `[B, T, heads * D]`:
+    /// one product with the norm folded in, or the norm once and three products.
+    fn project(&self, x: PreNormed<'_>) -> Result<(Tensor, Tensor, Tensor)> {
         let (hq, hkv, d) = (self.n_head, self.n_kv_head, self.head_dim);
         Ok(match &self.qkv {
             QkvProjection::Fused(lin) => {
-                let y = lin.forward(x)?;
+                let y = x.linear(&lin.weight, lin.bias.as_ref(), None, None)?;
                 (
                     y.narrow(2, 0, hq * d)?,
                     y.narrow(2, hq * d, hkv * d)?,
                     y.narrow(2, (hq + hkv) * d, hkv * d)?,
                 )
             }
-            QkvProjection::Split { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            QkvProjection::Split { q, k, v } => {
+                let x = x.normalized()?;
+                (q.forward(&x)?, k.forward(&x)?, v.forward(&x)?)
+            }
         })
     }
 }

@@ -1,8 +1,9 @@
 //! Linear, Embedding, norms, dropout and the two feed-forward blocks.
 
 use super::{join, Init, Module};
+use crate::ops::NormKind;
 use crate::rng::RngState;
-use crate::{Result, Tensor};
+use crate::{is_grad_enabled, Result, Tensor, UnaryOp};
 
 /// `y = x W^T + b` with `W` stored `[out, in]`, as PyTorch's `nn.Linear`.
 pub struct Linear {
@@ -163,6 +164,50 @@ impl Norm {
             Norm::Rms(n) => n.forward(x),
         }
     }
+
+    /// Which norm, its parameters (weight, then bias for a layer norm) and its eps.
+    fn parts(&self) -> (NormKind, Vec<&Tensor>, f64) {
+        match self {
+            Norm::Layer(n) => (NormKind::Layer, vec![&n.weight, &n.bias], n.eps),
+            Norm::Rms(n) => (NormKind::Rms, vec![&n.weight], n.eps),
+        }
+    }
+}
+
+/// A layer's input `x` before its norm, as a pre-norm block hands it on. A product that reads
+/// it alone folds the norm into itself where nothing records gradients
+/// ([`Tensor::norm_linear`]: one launch instead of two, which is what a decoding step's time
+/// goes to); a layer that reads it more than once normalizes it once
+/// ([`PreNormed::normalized`]).
+#[derive(Clone, Copy)]
+pub struct PreNormed<'a> {
+    pub x: &'a Tensor,
+    pub norm: &'a Norm,
+}
+
+impl PreNormed<'_> {
+    /// `norm(x)`.
+    pub fn normalized(&self) -> Result<Tensor> {
+        self.norm.forward(self.x)
+    }
+
+    /// `act(norm(x) @ weight^T + bias) + residual`.
+    pub fn linear(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        activation: Option<UnaryOp>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if is_grad_enabled() {
+            return self
+                .normalized()?
+                .linear_fused(weight, bias, activation, residual);
+        }
+        let (kind, params, eps) = self.norm.parts();
+        self.x
+            .norm_linear(kind, &params, eps, weight, bias, activation, residual)
+    }
 }
 
 impl Module for Norm {
@@ -211,15 +256,15 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// `proj(gelu(fc(x))) + residual`, the residual added in the last matmul.
-    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
-        let h = if crate::is_grad_enabled() {
-            self.fc.forward(x)?.gelu()?
+    /// `proj(gelu(fc(norm(x)))) + residual`, the residual added in the last matmul.
+    pub fn forward(&self, x: PreNormed<'_>, residual: Option<&Tensor>) -> Result<Tensor> {
+        let h = if is_grad_enabled() {
+            self.fc.forward(&x.normalized()?)?.gelu()?
         } else {
-            x.linear_fused(
+            x.linear(
                 &self.fc.weight,
                 self.fc.bias.as_ref(),
-                Some(crate::UnaryOp::Gelu),
+                Some(UnaryOp::Gelu),
                 None,
             )?
         };
@@ -250,9 +295,11 @@ pub struct SwiGluMlp {
 }
 
 impl SwiGluMlp {
-    /// `down(silu(gate(x)) * up(x)) + residual`, the residual added in the last matmul.
-    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
-        let h = Tensor::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+    /// `down(silu(gate(h)) * up(h)) + residual` for `h = norm(x)`, the residual added in the
+    /// last matmul.
+    pub fn forward(&self, x: PreNormed<'_>, residual: Option<&Tensor>) -> Result<Tensor> {
+        let x = x.normalized()?;
+        let h = Tensor::swiglu(&self.gate.forward(&x)?, &self.up.forward(&x)?)?;
         self.down.forward_plus(&h, residual)
     }
 }
@@ -280,8 +327,8 @@ pub enum FeedForward {
 }
 
 impl FeedForward {
-    /// The MLP of `x`, plus `residual` if given (fused into the last matmul).
-    pub fn forward(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+    /// The MLP of `norm(x)`, plus `residual` if given (fused into the last matmul).
+    pub fn forward(&self, x: PreNormed<'_>, residual: Option<&Tensor>) -> Result<Tensor> {
         match self {
             FeedForward::Gelu(m) => m.forward(x, residual),
             FeedForward::SwiGlu(m) => m.forward(x, residual),

@@ -9,7 +9,7 @@ mod layers;
 
 pub use attention::{CausalSelfAttention, KvCache, LayerCache, Positions, QkvProjection, Rotary};
 pub use layers::{
-    Dropout, Embedding, FeedForward, LayerNorm, Linear, Mlp, Norm, RmsNorm, SwiGluMlp,
+    Dropout, Embedding, FeedForward, LayerNorm, Linear, Mlp, Norm, PreNormed, RmsNorm, SwiGluMlp,
 };
 
 use std::sync::Arc;

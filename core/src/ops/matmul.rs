@@ -6,11 +6,23 @@
 //! through its strides. Output `[..., M, N] = act(a @ b + bias) + residual`, accumulated in f32
 //! (f64 for f64). `activation` is one of relu, gelu (tanh) or silu. `K = 0` gives
 //! `act(bias) + residual`.
+//!
+//! `NormMatmul { norm, bias, activation, residual }`: a matmul whose `a` is first normalized
+//! row by row, as a pre-norm transformer feeds each projection. Inputs `x [M, K]`, `b [K, N]`,
+//! the norm's `weight [K]` (and `shift [K]` for a layer norm, the norm op's bias), then `bias
+//! [N]` and `residual [M, N]` as for `Matmul`; scalar `eps`. Output `act(y @ b + bias) +
+//! residual` where `y` is what `LayerNorm` or `RmsNorm` would output for `x` (`K >= 1`),
+//! rounded to `x`'s dtype as that op's stored output is: the fused op computes what the two
+//! ops compute, one launch fewer. Inference only (no backward); `x` is read row-major, `b`
+//! through its strides.
 
 use super::{require_float, require_same_dtype, specs_str, Op, TensorSpec};
 use crate::{Error, Result};
 
 pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<TensorSpec>> {
+    if let Op::NormMatmul { .. } = op {
+        return infer_normed(op, name, inputs);
+    }
     let Op::Matmul {
         bias,
         activation,
@@ -70,4 +82,62 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
         ));
     }
     Ok(vec![TensorSpec::new(&out, inputs[0].dtype)])
+}
+
+fn infer_normed(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<TensorSpec>> {
+    let Op::NormMatmul {
+        norm,
+        bias,
+        activation,
+        residual,
+    } = *op
+    else {
+        return Err(Error::invalid(name, "not a norm_matmul"));
+    };
+    let all: Vec<usize> = (0..inputs.len()).collect();
+    require_float(name, inputs, &all)?;
+    require_same_dtype(name, inputs, &all)?;
+    if let Some(act) = activation.filter(|act| !act.is_epilogue_activation()) {
+        return Err(Error::invalid(
+            name,
+            format!("{} is not an epilogue activation", act.name()),
+        ));
+    }
+    let (x, b) = (&inputs[0].shape, &inputs[1].shape);
+    let (&[m, k], &[k2, n]) = (&x[..], &b[..]) else {
+        return Err(Error::shape(
+            name,
+            format!("need x [M, K] and b [K, N]; got {}", specs_str(inputs)),
+        ));
+    };
+    if k != k2 || k == 0 {
+        return Err(Error::shape(
+            name,
+            format!(
+                "x [M, K] and b [K, N] must share K >= 1: {}",
+                specs_str(inputs)
+            ),
+        ));
+    }
+    let mut expected = vec![vec![k]; norm.params()];
+    if bias {
+        expected.push(vec![n]);
+    }
+    if residual {
+        expected.push(vec![m, n]);
+    }
+    if inputs[2..]
+        .iter()
+        .zip(&expected)
+        .any(|(t, e)| t.shape != *e)
+    {
+        return Err(Error::shape(
+            name,
+            format!(
+                "the norm's parameters must be [{k}], a bias [{n}], a residual [{m}, {n}]; got {}",
+                specs_str(inputs)
+            ),
+        ));
+    }
+    Ok(vec![TensorSpec::new(&[m, n], inputs[0].dtype)])
 }

@@ -57,6 +57,7 @@ pub enum OpFamily {
     Conv,
 }
 pub use elementwise::{BinaryOp, CompareOp, UnaryOp};
+pub use norm::NormKind;
 pub use reduce::ReduceOp;
 
 use crate::error::dtypes_str;
@@ -123,6 +124,12 @@ pub enum Op {
     LogSoftmaxBackward,
     // matmul.rs
     Matmul {
+        bias: bool,
+        activation: Option<UnaryOp>,
+        residual: bool,
+    },
+    NormMatmul {
+        norm: NormKind,
         bias: bool,
         activation: Option<UnaryOp>,
         residual: bool,
@@ -218,6 +225,12 @@ impl Op {
                 activation: None,
                 residual: false,
             },
+            NormMatmul {
+                norm: NormKind::Layer,
+                bias: true,
+                activation: None,
+                residual: false,
+            },
             Concat { axis: 0 },
             Embedding,
             EmbeddingBackward,
@@ -281,7 +294,7 @@ impl Op {
             | LogSoftmax
             | SoftmaxBackward
             | LogSoftmaxBackward => OpFamily::Reduce,
-            Matmul { .. } => OpFamily::Matmul,
+            Matmul { .. } | NormMatmul { .. } => OpFamily::Matmul,
             Concat { .. }
             | Embedding
             | EmbeddingBackward
@@ -324,6 +337,7 @@ impl Op {
             SoftmaxBackward => "softmax_backward".into(),
             LogSoftmaxBackward => "log_softmax_backward".into(),
             Matmul { .. } => "matmul".into(),
+            NormMatmul { .. } => "norm_matmul".into(),
             Concat { .. } => "concat".into(),
             Embedding => "embedding".into(),
             EmbeddingBackward => "embedding_backward".into(),
@@ -377,7 +391,7 @@ impl Op {
                 "std",
             ],
             Unary(u) | UnaryBackward(u) => u.scalar_names(),
-            LayerNorm | RmsNorm => &["eps"],
+            LayerNorm | RmsNorm | NormMatmul { .. } => &["eps"],
             Attention { .. } | AttentionBackward { .. } | CachedAttention => &["scale"],
             AdamUpdate { .. } => &["beta1", "beta2", "eps", "weight_decay"],
             SgdUpdate { .. } => &["lr", "momentum", "grad_coef", "weight_decay"],
@@ -406,13 +420,15 @@ impl Op {
     /// Whether the op reads input `input` in place with `layout`; other inputs are made
     /// row-major first. Ops that read strided views read any layout; attention also reads
     /// keys and values whose rows are contiguous but whose heads lie further apart (views of a
-    /// KV cache with room for more positions), so decoding never copies its cache.
+    /// KV cache with room for more positions), so decoding never copies its cache. A
+    /// normalized product reads its matrix `b` (a linear's transposed weight) in place.
     pub fn reads_layout(&self, input: usize, layout: &crate::Layout) -> bool {
         self.reads_strided()
             || layout.is_contiguous()
             || (matches!(self, Op::Attention { .. } | Op::CachedAttention)
                 && matches!(input, 1 | 2)
                 && layout.rows_contiguous())
+            || (matches!(self, Op::NormMatmul { .. }) && input == 1)
     }
 
     /// Whether outputs may alias the matching inputs (optimizer updates, index copies).
@@ -508,6 +524,12 @@ impl Op {
             | LogSoftmaxBackward => 2,
             Where | SwiGluBackward => 3,
             Matmul { bias, residual, .. } => 2 + usize::from(*bias) + usize::from(*residual),
+            NormMatmul {
+                norm,
+                bias,
+                residual,
+                ..
+            } => 2 + norm.params() + usize::from(*bias) + usize::from(*residual),
             Concat { .. } | SquaredNorm => return None,
             Embedding | EmbeddingBackward | Gather { .. } | ScatterAdd { .. } => 2,
             IndexCopy { .. } => 3,

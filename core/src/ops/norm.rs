@@ -14,6 +14,41 @@
 use super::{require_float, require_same_dtype, specs_str, stats_dtype, Op, TensorSpec};
 use crate::{Error, Result};
 
+/// The normalization a `NormMatmul` applies to the rows of its `a` (`ops::matmul`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormKind {
+    /// `LayerNorm`: a weight and a bias.
+    Layer,
+    /// `RmsNorm`: a weight.
+    Rms,
+}
+
+impl NormKind {
+    /// The norm's own parameters (weight, then bias for a layer norm).
+    pub fn params(self) -> usize {
+        match self {
+            NormKind::Layer => 2,
+            NormKind::Rms => 1,
+        }
+    }
+
+    /// The statistics the norm op outputs beside `y` (mean and rstd, or rstd).
+    pub fn statistics(self) -> usize {
+        match self {
+            NormKind::Layer => 2,
+            NormKind::Rms => 1,
+        }
+    }
+
+    /// The catalog op that computes this norm alone.
+    pub fn op(self) -> Op {
+        match self {
+            NormKind::Layer => Op::LayerNorm,
+            NormKind::Rms => Op::RmsNorm,
+        }
+    }
+}
+
 pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<TensorSpec>> {
     let x = &inputs[0];
     let r = x.shape.len();

@@ -1,6 +1,7 @@
 //! Matrix products.
 
-use super::Tensor;
+use super::{is_grad_enabled, Tensor};
+use crate::ops::NormKind;
 use crate::{broadcast_shapes, Error, Op, Result, UnaryOp};
 
 impl Tensor {
@@ -107,5 +108,83 @@ impl Tensor {
             residual.as_ref(),
         )?;
         y.reshape(&shape)
+    }
+
+    /// `act(norm(self) @ weight^T + bias) + residual` as one op (`NormMatmul`): a linear layer
+    /// fed by a layer norm (`norm_params`: its weight and bias) or an RMS norm (its weight),
+    /// as a pre-norm transformer feeds its projections. Leading dimensions of `self` are
+    /// flattened into rows. Inference only: the op has no gradient, so where one would be
+    /// recorded it is an error (the norm and [`Tensor::linear_fused`] are the same thing
+    /// with gradients).
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_linear(
+        &self,
+        norm: NormKind,
+        norm_params: &[&Tensor],
+        eps: f64,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        activation: Option<UnaryOp>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let tracked = [self, weight]
+            .into_iter()
+            .chain(norm_params.iter().copied())
+            .chain(bias)
+            .chain(residual)
+            .any(|t| t.tracks_grad());
+        if is_grad_enabled() && tracked {
+            return Err(Error::invalid(
+                "norm_linear",
+                "has no gradient: run it under no_grad, or the norm and linear apart",
+            ));
+        }
+        if self.rank() < 1 || weight.rank() != 2 || norm_params.len() != norm.params() {
+            return Err(Error::shape(
+                "norm_linear",
+                format!(
+                    "need x [..., in], weight [out, in] and {} norm parameters; got {:?}, {:?} \
+                     and {}",
+                    norm.params(),
+                    self.shape(),
+                    weight.shape(),
+                    norm_params.len()
+                ),
+            ));
+        }
+        let k = self.shape()[self.rank() - 1];
+        let rows = self.numel() / k.max(1);
+        let n = weight.shape()[0];
+        let mut shape = self.shape().to_vec();
+        *shape.last_mut().expect("rank >= 1") = n;
+        let residual = match residual {
+            Some(r) if r.shape() != shape.as_slice() => {
+                return Err(Error::shape(
+                    "norm_linear",
+                    format!(
+                        "the residual must have the output's shape {shape:?}; got {:?} {}",
+                        r.shape(),
+                        r.dtype()
+                    ),
+                ))
+            }
+            Some(r) => Some(r.reshape(&[rows, n])?),
+            None => None,
+        };
+        let x2 = self.reshape(&[rows, k])?;
+        let b = weight.transpose(0, 1)?;
+        let mut inputs = vec![&x2, &b];
+        inputs.extend(norm_params);
+        inputs.extend(bias);
+        inputs.extend(residual.as_ref());
+        let op = Op::NormMatmul {
+            norm,
+            bias: bias.is_some(),
+            activation,
+            residual: residual.is_some(),
+        };
+        Tensor::apply(&op, &inputs, &[eps], None)?
+            .remove(0)
+            .reshape(&shape)
     }
 }

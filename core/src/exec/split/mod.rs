@@ -102,6 +102,7 @@ pub fn launch(
         | EmbeddingBackward
         | Concat { .. }
         | Matmul { .. }
+        | NormMatmul { .. }
         | Conv2d { .. }
         | Conv2dBackwardData { .. }
         | Conv2dBackwardWeight { .. } => Err(too_large(dev, op, inputs, outputs)),

@@ -1,0 +1,70 @@
+//! Fused ops run as the catalog ops they fuse, for backends and shapes without a fused kernel:
+//! the same definition, one more launch and a scratch tensor.
+
+use std::sync::Arc;
+
+use crate::ops::stats_dtype;
+use crate::{Buffer, Error, Layout, Op, Result, TensorRef};
+
+/// A launch of one catalog op on a backend's own kernels.
+pub type LaunchOp<'a> = dyn Fn(&Op, &[TensorRef<'_>], &[TensorRef<'_>], &[f64]) -> Result<()> + 'a;
+
+/// Runs `NormMatmul` as its norm, whose output goes to scratch of `x`'s dtype (rounded as the
+/// fused op's definition rounds it), then its matmul reading that scratch. `scratch` allocates
+/// device memory that may be reused once the work queued on it has run.
+pub fn norm_then_matmul(
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+    scratch: &dyn Fn(usize) -> Result<Arc<dyn Buffer>>,
+    launch: &LaunchOp<'_>,
+) -> Result<()> {
+    let Op::NormMatmul {
+        norm,
+        bias,
+        activation,
+        residual,
+    } = *op
+    else {
+        return Err(Error::invalid(&op.name(), "not a norm_matmul"));
+    };
+    let x = &inputs[0];
+    let &[m, k] = &x.layout.shape[..] else {
+        return Err(Error::shape(
+            &op.name(),
+            format!("x must be [M, K]; got {:?}", x.layout.shape),
+        ));
+    };
+    let y_layout = Layout::contiguous(&[m, k]);
+    let stats_layout = Layout::contiguous(&[m]);
+    let stats = stats_dtype(x.dtype);
+    let padded = |bytes: usize| bytes.div_ceil(4).max(1) * 4;
+    let y_buffer = scratch(padded(m * k * x.dtype.size()))?;
+    let stat_buffers = (0..norm.statistics())
+        .map(|_| scratch(padded(m * stats.size())))
+        .collect::<Result<Vec<_>>>()?;
+    let y = TensorRef {
+        buffer: &y_buffer,
+        layout: &y_layout,
+        dtype: x.dtype,
+    };
+    let mut norm_outputs = vec![y];
+    norm_outputs.extend(stat_buffers.iter().map(|buffer| TensorRef {
+        buffer,
+        layout: &stats_layout,
+        dtype: stats,
+    }));
+    let params = 2 + norm.params();
+    let mut norm_inputs = vec![*x];
+    norm_inputs.extend_from_slice(&inputs[2..params]);
+    launch(&norm.op(), &norm_inputs, &norm_outputs, &scalars[..1])?;
+    let mut product_inputs = vec![y, inputs[1]];
+    product_inputs.extend_from_slice(&inputs[params..]);
+    let product = Op::Matmul {
+        bias,
+        activation,
+        residual,
+    };
+    launch(&product, &product_inputs, outputs, &[])
+}

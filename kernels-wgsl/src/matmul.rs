@@ -12,8 +12,8 @@
 //! wave of workgroups better ([`split_k_by_waves`]), the tensor-core kernels where few output
 //! tiles meet a long K (weight gradients, [`split_k`]). A normalized product (`NormMatmul`,
 //! decoding's projections after their layer norm) runs as one `rows_wide` kernel that takes
-//! each row's statistics itself and normalizes `a` as it loads it, saving the norm's launch
-//! per projection; shapes that kernel does not take run as the norm, then the product.
+//! the norm's sums in the product's own pass over k ([`NORM_MATH`]), saving the norm's launch;
+//! shapes that kernel does not take run as the norm, then the product.
 
 use std::sync::Arc;
 
@@ -179,10 +179,10 @@ fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
 const WIDE_ROWS_UNROLL: usize = 4;
 
 /// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`,
-/// their `a` normalized by `norm` where given. A step's loads past k read the last vector
-/// again (clamped, so every load is in bounds and none waits on a branch) and count for
-/// nothing. The epilogue's operands are read before the products, so their loads wait
-/// alongside the first step's.
+/// their `a` normalized by `norm` where given ([`NORM_MATH`]). A step's loads past k read the
+/// last vector again (clamped, so every load is in bounds and none waits on a branch) and
+/// count for nothing. The epilogue's operands are read before the products, so their loads
+/// wait alongside the first step's.
 fn wide_rows_code(
     m: usize,
     dtype: DType,
@@ -194,36 +194,79 @@ fn wide_rows_code(
             .map(|r| t.replace('#', &r.to_string()))
             .collect::<String>()
     };
-    let a_load = |at: &str| match norm {
-        None => format!("ldv1(a_base + #u * sam + {at})"),
-        Some(_) => format!("normed(a_base + #u * sam, {at}, mean#, rstd#)"),
+    let steps = |f: &dyn Fn(usize) -> String| (0..WIDE_ROWS_UNROLL).map(f).collect::<Vec<_>>();
+    let mut loads = steps(&|j| {
+        format!("let i{j} = kk + {j}u * width;\nlet w{j} = ldv2(bn + min(i{j}, kv - 1u));\n")
+    })
+    .concat();
+    let a_at = |j: usize| format!("ldv1(a_base + #u * sam + min(i{j}, kv - 1u))");
+    let (stats, zero, macs, sums) = match norm {
+        None => {
+            let terms = steps(&|j| format!("select(0.0, dotv({}, w{j}), i{j} < kv)", a_at(j)));
+            (
+                String::new(),
+                each("var acc# = 0.0;\n"),
+                each(&format!("acc# += {};\n", terms.join(" + "))),
+                each("let s# = subgroupAdd(acc#);\n"),
+            )
+        }
+        Some(kind) => {
+            let layer = kind == NormKind::Layer;
+            loads += &steps(&|j| {
+                let shift = if layer {
+                    format!("let h{j} = ldv4(ns + min(i{j}, kv - 1u));\n")
+                } else {
+                    String::new()
+                };
+                format!("let on{j} = f32(i{j} < kv);\nlet g{j} = ldv3(nw + min(i{j}, kv - 1u));\n{shift}")
+            })
+            .concat();
+            let row_terms =
+                steps(&|j| format!("on{j} * row_terms({}, g{j}, w{j}, x0#)", a_at(j))).join(" + ");
+            let mut macs = each(&format!("t# += {row_terms};\n"));
+            let mut zero = each("var t# = vec3<f32>(0.0);\n");
+            let (x0, sums) = if layer {
+                let terms = steps(&|j| format!("on{j} * weight_terms(g{j}, h{j}, w{j})"));
+                macs += &format!("wt += {};\n", terms.join(" + "));
+                zero += "var wt = vec2<f32>(0.0);\n";
+                (
+                    "ld1((a_base + #u * sam) * VEC)",
+                    "let q = subgroupAdd(wt);\n".to_string()
+                        + &each(
+                            "let r# = subgroupAdd(t#);\n\
+                             let mean# = r#.y / f32(params.k);\n\
+                             let var# = max(r#.z / f32(params.k) - mean# * mean#, 0.0);\n\
+                             let s# = (r#.x - mean# * q.x) / sqrt(var# + params.eps) + q.y;\n",
+                        ),
+                )
+            } else {
+                (
+                    "0.0",
+                    each(
+                        "let r# = subgroupAdd(t#);\n\
+                         let s# = r#.x / sqrt(r#.z / f32(params.k) + params.eps);\n",
+                    ),
+                )
+            };
+            let stats = "let nw = params.norm_offset / VEC;\nlet ns = params.shift_offset / VEC;\n"
+                .to_string()
+                + &each(&format!("let x0# = {x0};\n"));
+            (stats, zero, macs, sums)
+        }
     };
-    let loads = (0..WIDE_ROWS_UNROLL)
-        .map(|j| {
-            format!("let i{j} = kk + {j}u * width;\nlet w{j} = ldv2(bn + min(i{j}, kv - 1u));\n")
-        })
-        .collect::<String>();
-    let terms = (0..WIDE_ROWS_UNROLL)
-        .map(|j| {
-            let a = a_load(&format!("min(i{j}, kv - 1u)"));
-            format!("select(0.0, dotv({a}, w{j}), i{j} < kv)")
-        })
-        .collect::<Vec<_>>()
-        .join(" + ");
     let (early, early_row, late) = epilogue.early_late();
     let store = &epilogue.store;
-    let (norm_fns, norm_stats) = norm.map_or_else(Default::default, |kind| norm_code(kind, dtype));
+    let norm_math = if norm.is_some() { NORM_MATH } else { "" };
     vec![
-        ("VECTOR_MATH", wide_helpers(dtype) + &norm_fns),
-        ("NORM_STATS", each(&norm_stats)),
+        ("VECTOR_MATH", wide_helpers(dtype) + norm_math),
+        ("NORM_STATS", stats),
         ("UNROLL_U", format!("{WIDE_ROWS_UNROLL}u")),
         ("EARLY", early + &each(&early_row)),
-        ("ZERO", each("var acc# = 0.0;\n")),
-        ("MACS", loads + &each(&format!("acc# += {terms};\n"))),
+        ("ZERO", zero),
+        ("MACS", loads + &macs),
         (
             "FINISH",
-            each("let s# = subgroupAdd(acc#);\n")
-                + "if (lane == 0u) {\n"
+            sums + "if (lane == 0u) {\n"
                 + &each(&format!(
                     "{{\nvar v = s#;\n{late}{store}(o_base + #u * n + gn, v);\n}}\n"
                 ))
@@ -232,64 +275,32 @@ fn wide_rows_code(
     ]
 }
 
-/// A normalized product's code for the `rows_wide` kernel: `normed(base, i, mean, rstd)`, `a`'s
-/// vector `i` (row at `base`) normalized as the norm op computes its output and rounded to
-/// `dtype` as that op stores it, and each row `#`'s `mean#` and `rstd#`, summed over the
-/// subgroup in two passes over the row (the second from cache), as the norm op does.
-fn norm_code(kind: NormKind, dtype: DType) -> (String, String) {
-    let (value, shift) = match kind {
-        NormKind::Layer => (
-            "(quad(x, H) - mean) * rstd * quad(w, H) + quad(s, H)",
-            "let s = ldv4(params.shift_offset / VEC + i);\n",
-        ),
-        NormKind::Rms => ("quad(x, H) * rstd * quad(w, H)", ""),
-    };
-    let quad = |h: &str| value.replace('H', h);
-    let (pack, packed) = match dtype {
-        DType::F32 => (String::new(), format!("bitcast<vec4<u32>>({})", quad("0u"))),
-        _ => {
-            let pack = match dtype {
-                DType::F16 => "pack2x16float(vec2<f32>(f32(to_f16(v.x)), f32(to_f16(v.y))))",
-                _ => "bf16_bits(v.x) | (bf16_bits(v.y) << 16u)",
-            };
-            (
-                format!("fn pack2(v: vec2<f32>) -> u32 {{ return {pack}; }}\n"),
-                "vec4<u32>(pack2(lo.xy), pack2(lo.zw), pack2(hi.xy), pack2(hi.zw))".to_string(),
-            )
-        }
-    };
-    let halves = if dtype == DType::F32 {
-        String::new()
-    } else {
-        format!("let lo = {};\nlet hi = {};\n", quad("0u"), quad("1u"))
-    };
-    let fns = format!(
-        "{pack}fn normed(base: u32, i: u32, mean: f32, rstd: f32) -> vec4<u32> {{\n\
-         let x = ldv1(base + i);\n\
-         let w = ldv3(params.norm_offset / VEC + i);\n\
-         {shift}{halves}return {packed};\n}}\n"
-    );
-    let pass = |body: &str| {
-        format!(
-            "for (var kk = lane; kk < kv; kk += width) {{\n\
-             let x = ldv1(a_base + #u * sam + kk);\n\
-             for (var h = 0u; h < QUADS; h += 1u) {{\n{body}}}\n}}\n"
-        )
-    };
-    let mean = match kind {
-        NormKind::Layer => {
-            "var sum# = 0.0;\n".to_string()
-                + &pass("let q = quad(x, h);\nsum# += (q.x + q.y) + (q.z + q.w);\n")
-                + "let mean# = subgroupAdd(sum#) / f32(params.k);\n"
-        }
-        NormKind::Rms => "let mean# = 0.0;\n".to_string(),
-    };
-    let stats = mean
-        + "var sq# = 0.0;\n"
-        + &pass("let d = quad(x, h) - mean#;\nsq# += dot(d, d);\n")
-        + "let rstd# = 1.0 / sqrt(subgroupAdd(sq#) / f32(params.k) + params.eps);\n";
-    (fns, stats)
+/// A normalized product's sums in the `rows_wide` kernel, all taken in the one pass over k
+/// that the product makes, so the norm adds no wait on memory: for `d = x - x0` (`x0` the
+/// row's first element, which keeps the one-pass variance from cancelling; 0 for an RMS
+/// norm), `g` the norm's weight, `h` its shift and `w` the column of `b`, each row's
+/// `row_terms` sum `(d g w, d, d^2)` and the rows' shared `weight_terms` sum `(g w, h w)`. Then
+/// `norm(x) . w = rstd (sum(d g w) - mean(d) sum(g w)) + sum(h w)` (without the shift terms
+/// for an RMS norm). The normalized row is never rounded to the dtype: `NormMatmul` allows
+/// either.
+const NORM_MATH: &str = "\
+fn row_terms(x: vec4<u32>, g: vec4<u32>, w: vec4<u32>, x0: f32) -> vec3<f32> {
+    var t = vec3<f32>(0.0);
+    for (var h = 0u; h < QUADS; h += 1u) {
+        let d = quad(x, h) - x0;
+        t += vec3<f32>(dot(d, quad(g, h) * quad(w, h)), (d.x + d.y) + (d.z + d.w), dot(d, d));
+    }
+    return t;
 }
+fn weight_terms(g: vec4<u32>, s: vec4<u32>, w: vec4<u32>) -> vec2<f32> {
+    var t = vec2<f32>(0.0);
+    for (var h = 0u; h < QUADS; h += 1u) {
+        let wq = quad(w, h);
+        t += vec2<f32>(dot(quad(g, h), wq), dot(quad(s, h), wq));
+    }
+    return t;
+}
+";
 
 /// The tensor-core kernel's staging code where both operands (of `dtype`, f16 or bf16) read as
 /// 16-byte vectors of eight halves along their contiguous dimension (`a_at`, `b_at`: `coop_k` or `coop_mn`):
@@ -658,10 +669,16 @@ fn kernel_key(
     )
 }
 
-/// Whether a normalized product runs as one `rows_wide` kernel: few rows, `b` a linear's
-/// weight (contiguous in k), `x`, `b` and the norm's parameters read as 16-byte vectors, and
-/// every operand in one binding (decoding's products); otherwise it runs as its norm, then
-/// its product ([`norm_then_matmul`]).
+/// The most output columns a normalized product runs as one kernel with. That kernel takes the
+/// norm's sums again for every column: GPT-2's 2,304- and 3,072-column projections gain 2-3 us
+/// a launch over the norm's own launch and the plain product, but an LM head's 50,257 columns
+/// took 78 us against 32 + 6 (H100, f16, decoding).
+const MAX_NORMED_COLUMNS: usize = 8192;
+
+/// Whether a normalized product runs as one `rows_wide` kernel: few rows, at most
+/// [`MAX_NORMED_COLUMNS`] columns, `b` a linear's weight (contiguous in k), `x`, `b` and the
+/// norm's parameters read as 16-byte vectors, and every operand in one binding (decoding's
+/// projections); otherwise it runs as its norm, then its product ([`norm_then_matmul`]).
 fn normed_in_one(
     gpu: &dyn Gpu,
     op: &Op,
@@ -676,6 +693,7 @@ fn normed_in_one(
         .iter()
         .all(|p| wide_along(gpu, p, 0).is_some());
     x.layout.shape[0] <= MAX_FEW_ROWS
+        && b.layout.shape[1] <= MAX_NORMED_COLUMNS
         && b.layout.strides[0] <= b.layout.strides[1]
         && wide_rows(gpu, x, b)
         && params_wide

@@ -198,10 +198,10 @@ enum Rows {
     Random,
     /// Rows alternating `m + s` and `m - s` for a power of two `s` (`m = 0` for RMS norm),
     /// weights and shifts on a grid of eighths, eps 0: every statistic and normalized value
-    /// is exact in f16 and bf16, so the op's rounding of the normalized rows to the dtype
-    /// rounds nothing and an f64 reference checks the 16-bit kernels as it checks any
-    /// product. (With random rows that rounding moves the result by more than a product's
-    /// tolerance where terms cancel.)
+    /// is exact in f16 and bf16, so rounding the normalized rows to the dtype (which the op
+    /// allows a backend to do or not) rounds nothing, and an f64 reference checks the 16-bit
+    /// kernels as it checks any product. (With random rows that rounding moves the result by
+    /// more than a product's tolerance where terms cancel.)
     Exact,
 }
 

@@ -10,7 +10,7 @@ use crate::{Buffer, Error, Layout, Op, Result, TensorRef};
 pub type LaunchOp<'a> = dyn Fn(&Op, &[TensorRef<'_>], &[TensorRef<'_>], &[f64]) -> Result<()> + 'a;
 
 /// Runs `NormMatmul` as its norm, whose output goes to scratch of `x`'s dtype (rounded as the
-/// fused op's definition rounds it), then its matmul reading that scratch. `scratch` allocates
+/// norm op stores it, which the fused op allows), then its matmul reading that scratch. `scratch` allocates
 /// device memory that may be reused once the work queued on it has run.
 pub fn norm_then_matmul(
     op: &Op,

@@ -11,10 +11,11 @@
 //! row by row, as a pre-norm transformer feeds each projection. Inputs `x [M, K]`, `b [K, N]`,
 //! the norm's `weight [K]` (and `shift [K]` for a layer norm, the norm op's bias), then `bias
 //! [N]` and `residual [M, N]` as for `Matmul`; scalar `eps`. Output `act(y @ b + bias) +
-//! residual` where `y` is what `LayerNorm` or `RmsNorm` would output for `x` (`K >= 1`),
-//! rounded to `x`'s dtype as that op's stored output is: the fused op computes what the two
-//! ops compute, one launch fewer. Inference only (no backward); `x` is read row-major, `b`
-//! through its strides.
+//! residual` where `y` is what `LayerNorm` or `RmsNorm` computes for `x` (`K >= 1`): what the
+//! two ops compute, one launch fewer. A backend may take `y` in f32 (a fused kernel) or
+//! rounded to `x`'s dtype as the norm op stores it (the norm, then the product); in f16 and
+//! bf16 the two differ by that rounding. Inference only (no backward); `x` is read row-major,
+//! `b` through its strides.
 
 use super::{require_float, require_same_dtype, specs_str, Op, TensorSpec};
 use crate::{Error, Result};

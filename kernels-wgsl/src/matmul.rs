@@ -1655,13 +1655,18 @@ mod tests {
                 (&layer, 7, Some(NormKind::Layer)),
                 (&rms, 6, Some(NormKind::Rms)),
             ];
-            for (epilogue, count, norm) in kernels {
+            // One row, and every row a few-rows product may have (whose names must not meet
+            // the bindings' accessors).
+            let sizes = kernels
+                .into_iter()
+                .flat_map(|k| [(k, 1), (k, MAX_FEW_ROWS)]);
+            for ((epilogue, count, norm), rows) in sizes {
                 let bindings: Vec<_> = (0..count).map(|i| (dtype, i + 1 == count)).collect();
                 let mut subst = vec![
                     ("EPILOGUE", epilogue.code.clone()),
                     ("STORE", epilogue.store.clone()),
                 ];
-                subst.extend(wide_rows_code(3, dtype, epilogue, norm));
+                subst.extend(wide_rows_code(rows, dtype, epilogue, norm));
                 let build = Build {
                     immediate_words: Some(64),
                     subgroups: true,
@@ -1673,7 +1678,7 @@ mod tests {
                     assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
                 }
                 let code = &epilogue.code;
-                let what = format!("rows_wide {dtype:?} {code:?} {norm:?}");
+                let what = format!("rows_wide{rows} {dtype:?} {code:?} {norm:?}");
                 crate::source::assert_valid(&src, &what);
             }
         }

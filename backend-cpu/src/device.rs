@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tessera_core::dist::{Collective, HostCollective, Rendezvous};
-use tessera_core::exec::unfused::norm_then_matmul;
+use tessera_core::exec::unfused::{index_copy_then_attention, norm_then_matmul};
 use tessera_core::exec::KernelCache;
 use tessera_core::memory::Pool;
 use tessera_core::ops::{check_dtypes, validate_kernel_launch};
@@ -245,12 +245,17 @@ impl Kernel for CpuKernel {
         scalars: &[f64],
     ) -> Result<()> {
         validate_kernel_launch(&self.op, &self.dtypes, inputs, outputs, scalars)?;
-        if let Op::NormMatmul { .. } = self.op {
-            // The reference computes the norm and the product as the two ops they are.
-            let scratch = |bytes| alloc(&self.pool, bytes, self.max_buffer_bytes);
-            return norm_then_matmul(&self.op, inputs, outputs, scalars, &scratch, &launch);
+        // The reference computes fused ops as the ops they fuse.
+        match self.op {
+            Op::NormMatmul { .. } => {
+                let scratch = |bytes| alloc(&self.pool, bytes, self.max_buffer_bytes);
+                norm_then_matmul(&self.op, inputs, outputs, scalars, &scratch, &launch)
+            }
+            Op::AppendAttention => {
+                index_copy_then_attention(&self.op, inputs, outputs, scalars, &launch)
+            }
+            _ => launch(&self.op, inputs, outputs, scalars),
         }
-        launch(&self.op, inputs, outputs, scalars)
     }
 }
 

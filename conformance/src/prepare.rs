@@ -395,12 +395,13 @@ impl From<Error> for LaunchError {
     }
 }
 
-/// Which inputs an in-place update writes, by output: the parameters, then the optimizer
-/// state (`m` and `v`, or the momentum buffer), or an index copy's `dst`.
-fn in_place_inputs(op: &Op, inputs: usize, outputs: usize) -> Vec<usize> {
+/// Which input an in-place update writes, by output: the parameters, then the optimizer
+/// state (`m` and `v`, or the momentum buffer), an index copy's `dst`, an appending
+/// attention's cache (its output is new: `None`).
+fn in_place_inputs(op: &Op, inputs: usize, outputs: usize) -> Vec<Option<usize>> {
     let params = updated_params(op, inputs);
     (0..outputs)
-        .filter_map(|o| in_place_input(op, params, o))
+        .map(|o| in_place_input(op, params, o))
         .collect()
 }
 
@@ -430,37 +431,39 @@ pub fn run_on_device(
     let aliases = if plan.in_place {
         in_place_inputs(plan.op, case.inputs.len(), specs.len())
     } else {
-        Vec::new()
+        vec![None; specs.len()]
     };
-    let placed_out: Vec<Placed> = if aliases.is_empty() {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| guarded_output(device, s, if i == 0 { plan.out_view } else { None }))
-            .collect::<Result<_, _>>()?
-    } else {
-        Vec::new()
-    };
-    let refs = |list: &[Placed]| -> Vec<(Arc<dyn Buffer>, Layout, DType)> {
-        list.iter()
-            .map(|p| (p.buffer.clone(), p.layout.clone(), p.dtype))
-            .collect()
-    };
-    let ins = refs(&placed_in);
-    let outs = if aliases.is_empty() {
-        refs(&placed_out)
-    } else {
-        aliases.iter().map(|&i| ins[i].clone()).collect()
-    };
+    // Outputs that are not an input updated in place get guarded buffers of their own.
+    let placed_out: Vec<Option<Placed>> = specs
+        .iter()
+        .zip(&aliases)
+        .enumerate()
+        .map(|(i, (s, alias))| match alias {
+            Some(_) => Ok(None),
+            None => guarded_output(device, s, if i == 0 { plan.out_view } else { None }).map(Some),
+        })
+        .collect::<Result<_, _>>()?;
+    let refs = |p: &Placed| (p.buffer.clone(), p.layout.clone(), p.dtype);
+    let ins: Vec<_> = placed_in.iter().map(refs).collect();
+    let outs: Vec<_> = aliases
+        .iter()
+        .zip(&placed_out)
+        .map(|(alias, placed)| match (alias, placed) {
+            (Some(a), _) => ins[*a].clone(),
+            (None, Some(p)) => refs(p),
+            (None, None) => unreachable!("every output without an alias was placed"),
+        })
+        .collect();
     kernel.launch(&tensor_refs(&ins), &tensor_refs(&outs), plan.scalars)?;
     let mut result = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        let (placed, what) = match aliases.get(i) {
-            Some(&a) => (
+        let (placed, what) = match (aliases[i], &placed_out[i]) {
+            (Some(a), _) => (
                 &placed_in[a],
                 format!("output {i} (in place over input {a})"),
             ),
-            None => (&placed_out[i], format!("output {i}")),
+            (None, Some(p)) => (p, format!("output {i}")),
+            (None, None) => unreachable!("every output without an alias was placed"),
         };
         let values = read_back(device, placed, &what).map_err(LaunchError::Failed)?;
         result.push(HostTensor {
@@ -469,7 +472,7 @@ pub fn run_on_device(
             values,
         });
     }
-    if aliases.is_empty() {
+    if aliases.iter().all(Option::is_none) {
         for (i, placed) in placed_in.iter().enumerate() {
             read_back(device, placed, &format!("input {i}")).map_err(LaunchError::Failed)?;
         }

@@ -213,7 +213,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // thread per key for the scores (its key's vectors loaded four at a time), then the values'
 // weighted sum with each thread on one vector of the value row for a slice of the keys, the
 // slices added in order through workgroup memory. One pass over the keys: nothing to combine.
-// Bindings: 1 q, 2 k, 3 v, 4 out, 5 positions.
+// Bindings: 1 q, 2 k, 3 v, 4 out, 5 positions; appending to the cache (AppendAttention, one
+// query per head), 6 and 7 the new key and value rows, which each workgroup writes into its
+// head's cache row first (attention.rs).
 VECTOR_MATH
 var<workgroup> qk: array<f32, 256>;
 var<workgroup> pk: array<f32, 256>;
@@ -244,6 +246,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let seen = visible(row % params.q_len);
         let kb = k_base(row / params.q_len) / VEC;
         let vb = v_base(row / params.q_len) / VEC;
+        APPEND
         workgroupBarrier();
         if (lid < dk) { qk[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
         workgroupBarrier();

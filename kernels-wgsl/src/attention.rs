@@ -9,6 +9,9 @@
 //! size 128, loops over arrays past it and on CPU drivers, where the head sizes come from the
 //! parameters (see [`Head`] and `kernels/attention.wgsl`).
 
+use std::sync::Arc;
+
+use tessera_core::exec::unfused::index_copy_then_attention;
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::attention_products;
@@ -111,6 +114,7 @@ pub(crate) fn launch(
                 },
             )
         }
+        Op::AppendAttention => launch_append(gpu, op, inputs, outputs, s),
         Op::Attention { .. } | Op::AttentionBackward { .. } | Op::CachedAttention => {
             let (q, kk, v) = (
                 &inputs[0].layout.shape,
@@ -119,6 +123,9 @@ pub(crate) fn launch(
             );
             let backward = matches!(op, Op::AttentionBackward { .. });
             let positions = (*op == Op::CachedAttention).then(|| inputs[3].dtype);
+            // An appending attention's new key and value rows (`launch_append`), bound after
+            // the positions.
+            let new_rows = (inputs.len() == 6).then(|| [inputs[4], inputs[5]]);
             let head = Head::new(gpu, op, q[3], v[3], backward, positions)?;
             // Causal masking is a parameter: both kinds share their kernels.
             let (shared_op, causal) = match *op {
@@ -185,27 +192,40 @@ pub(crate) fn launch(
                 // Fewer query rows than one workgroup of the row kernel has threads, or a few
                 // per head (decoding): workgroups over (row, key split) spread the keys over
                 // threads instead, for head sizes up to 256 (a thread per output element).
-                if (rows < FEW_ROWS || q[2] <= FEW_QUERIES) && q[3] <= 256 && v[3] <= 256 {
-                    if positions.is_some() && kk[2] <= MAX_ONE_PASS_KEYS {
-                        let k_wide = wide_along(gpu, &inputs[1], 3);
-                        if k_wide.is_some() && k_wide == wide_along(gpu, &inputs[2], 3) {
-                            let section = "forward_keys";
-                            return run(
-                                gpu,
-                                &key(&shared_op, inputs, outputs, section),
-                                SRC,
-                                section,
-                                || {
-                                    let mut subst = head.subst(section);
-                                    subst.push(("VECTOR_MATH", wide_helpers(inputs[1].dtype)));
-                                    Ok(subst)
-                                },
-                                inputs,
-                                outputs,
-                                rows as u64,
-                                params,
-                            );
-                        }
+                if few_queries(q, v) {
+                    if positions.is_some() && one_pass(gpu, inputs) {
+                        let section = "forward_keys";
+                        // An appending kernel writes the cache: its k and v bind as outputs
+                        // (at the same bindings), so later reads of the cache wait for it.
+                        let (read, written, key_op) = match new_rows {
+                            Some(rows) => {
+                                let mut written = inputs[1..3].to_vec();
+                                written.extend(outputs);
+                                written.extend(rows);
+                                (&inputs[..1], written, Op::AppendAttention)
+                            }
+                            None => (inputs, outputs.to_vec(), shared_op),
+                        };
+                        return run(
+                            gpu,
+                            &key(&key_op, read, &written, section),
+                            SRC,
+                            section,
+                            || {
+                                let mut subst = vec![append_code(new_rows.is_some())];
+                                subst.extend(head.subst(section));
+                                subst.push(("VECTOR_MATH", wide_helpers(inputs[1].dtype)));
+                                Ok(subst)
+                            },
+                            read,
+                            &written,
+                            rows as u64,
+                            params,
+                        );
+                    }
+                    if new_rows.is_some() {
+                        // `launch_append` sends only what `forward_keys` runs.
+                        return Err(unsupported(gpu, op));
                     }
                     // One split finishes its rows itself: then the partials are not read, and
                     // their binding holds a word.
@@ -613,10 +633,81 @@ impl Head {
     }
 }
 
+/// Whether a forward pass of queries `q` (values of head size `v[3]`) has few rows or few per
+/// head, and heads of at most 256: the kernels of a workgroup per row.
+fn few_queries(q: &[usize], v: &[usize]) -> bool {
+    let rows = q[0] * q[1] * q[2];
+    (rows < FEW_ROWS || q[2] <= FEW_QUERIES) && q[3] <= 256 && v[3] <= 256
+}
+
+/// Whether a cached attention over `inputs` (q, k, v, positions) runs `forward_keys`: a cache
+/// of at most [`MAX_ONE_PASS_KEYS`] rows, keys and values read as the same 16-byte vectors.
+fn one_pass(gpu: &dyn Gpu, inputs: &[TensorRef<'_>]) -> bool {
+    let k_wide = wide_along(gpu, &inputs[1], 3);
+    inputs[1].layout.shape[2] <= MAX_ONE_PASS_KEYS
+        && k_wide.is_some()
+        && k_wide == wide_along(gpu, &inputs[2], 3)
+}
+
+/// `AppendAttention` (q, kv, positions, kv_new; outputs out and the cache, kv in place): one
+/// `forward_keys` kernel that writes each head's new row before it reads the cache, where one
+/// query per head meets a head of its own (no grouped heads, whose workgroups would share a
+/// row), every operand fits a binding and the cache is written in place; otherwise the cache
+/// write, then the cached attention ([`index_copy_then_attention`]).
+fn launch_append(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    s: &[f64],
+) -> Result<()> {
+    let (q, positions, new, cache) = (inputs[0], inputs[2], inputs[3], outputs[1]);
+    // Keys and values of the cache and of the new rows: halves along the first dimension.
+    let half = |l: &Layout, i: usize| Layout {
+        shape: l.shape[1..].to_vec(),
+        strides: l.strides[1..].to_vec(),
+        offset: l.offset + i * l.strides[0],
+    };
+    let halves = [
+        half(cache.layout, 0),
+        half(cache.layout, 1),
+        half(new.layout, 0),
+        half(new.layout, 1),
+    ];
+    let cached = [
+        q,
+        cache.with_layout(&halves[0]),
+        cache.with_layout(&halves[1]),
+        positions,
+        new.with_layout(&halves[2]),
+        new.with_layout(&halves[3]),
+    ];
+    let (qs, kvs) = (&q.layout.shape, &cache.layout.shape);
+    let fused = qs[2] == 1
+        && qs[1] == kvs[2]
+        && few_queries(qs, qs)
+        && one_pass(gpu, &cached)
+        && cached[4..]
+            .iter()
+            .all(|t| wide_along(gpu, t, 3) == wide_along(gpu, &cached[1], 3))
+        && gpu.fits(&cached)
+        && gpu.fits(outputs)
+        && Arc::ptr_eq(cache.buffer, inputs[1].buffer)
+        && cache.layout == inputs[1].layout;
+    if fused {
+        return launch(gpu, &Op::CachedAttention, &cached, &outputs[..1], s);
+    }
+    let launch = |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| {
+        crate::dispatch::launch(gpu, op, i, o, s)
+    };
+    index_copy_then_attention(op, inputs, outputs, s, &launch)
+}
+
 /// `visible(i)` (the keys query `i` sees), `keys_seen(i0, i1)` (the most that queries
 /// `i0..i1` see) and `store_lse(row, v)`: attention's causal rule and its log-sum-exp output,
 /// or a cached attention's keys up to each query's position (`positions` is their dtype, at
-/// binding 5: negative ones see nothing, those past the cache all of it) and no log-sum-exp.
+/// binding 5: negative ones see nothing, those past the cache all of it), `position_of(i)`
+/// and no log-sum-exp.
 fn visibility(positions: Option<DType>) -> String {
     let Some(dtype) = positions else {
         return "fn visible(i: u32) -> u32 { return causal_visible(i); }\n\
@@ -624,18 +715,44 @@ fn visibility(positions: Option<DType>) -> String {
                 fn store_lse(row: u32, v: f32) { st5(o(5u) + row, v); }\n"
             .to_string();
     };
+    // The position as a u32 (`position_of`: u32::MAX where negative, so never a cache row).
+    let raw = match dtype {
+        DType::U32 => "return ldn5(o(5u) + i);",
+        _ => "let s = ldn5(o(5u) + i);\n    return select(u32(s), 0xffffffffu, s < 0);",
+    };
     // The position as a u32 `p`, where it is not negative.
     let position = match dtype {
         DType::U32 => "let p = ldn5(o(5u) + i);",
         _ => "let s = ldn5(o(5u) + i);\n    if (s < 0) { return 0u; }\n    let p = u32(s);",
     };
     format!(
-        "fn visible(i: u32) -> u32 {{\n    {position}\n    \
+        "fn position_of(i: u32) -> u32 {{\n    {raw}\n}}\n\
+         fn visible(i: u32) -> u32 {{\n    {position}\n    \
          return select(p + 1u, params.k_len, p >= params.k_len);\n}}\n\
          fn keys_seen(i0: u32, i1: u32) -> u32 {{\n    var n = 0u;\n    \
          for (var i = i0; i < i1; i++) {{ n = max(n, visible(i)); }}\n    return n;\n}}\n\
          fn store_lse(row: u32, v: f32) {{}}\n"
     )
+}
+
+/// The `forward_keys` code that writes a query's new key and value rows (bindings 6 and 7,
+/// one row per head) into its head's cache row at the query's position, where `append` (an
+/// `AppendAttention` of one query per head; positions past the cache write nothing), before
+/// any thread of the workgroup reads the cache.
+fn append_code(append: bool) -> (&'static str, String) {
+    let code = if append {
+        "let at = position_of(row % params.q_len);\n\
+         if (at < params.k_len) {\n\
+         let bh = row / params.q_len;\n\
+         if (lid < kvecs) { stv2(kb + at * kvecs + lid, ldv6(o(6u) / VEC + bh * kvecs + lid)); }\n\
+         if (lid < vvecs) { stv3(vb + at * vvecs + lid, ldv7(o(7u) / VEC + bh * vvecs + lid)); }\n\
+         }\n\
+         storageBarrier();\n"
+            .to_string()
+    } else {
+        String::new()
+    };
+    ("APPEND", code)
 }
 
 /// `template` once per vec4 index `0..n`, with `#` replaced by the index.
@@ -717,7 +834,7 @@ mod tests {
 
     use tessera_core::{Buffer, DType, Error, Limits, Op, Result};
 
-    use super::{section_of, wide_helpers, AttentionParams, Head, SRC};
+    use super::{append_code, section_of, wide_helpers, AttentionParams, Head, SRC};
     use crate::gpu::{Build, Caps, Dispatch, Gpu, Source};
     use crate::params::ParamBlock;
     use crate::source::source;
@@ -764,7 +881,7 @@ mod tests {
     }
 
     /// The one-pass cached attention is valid WGSL for every dtype it reads wide, with i32
-    /// and u32 positions.
+    /// and u32 positions, appending to its cache or not.
     #[test]
     fn the_one_pass_cached_attention_is_valid_wgsl() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -778,23 +895,32 @@ mod tests {
                     Some(positions),
                 )
                 .unwrap();
-                let mut subst = head.subst("forward_keys");
-                subst.push(("VECTOR_MATH", wide_helpers(dtype)));
-                let bindings = [
-                    (dtype, false),
-                    (dtype, false),
-                    (dtype, false),
-                    (dtype, true),
-                    (positions, true),
-                ];
-                let build = Build {
-                    immediate_words: Some(64),
-                    subgroups: true,
-                };
-                let params = AttentionParams::wgsl();
-                let src = source(SRC, "forward_keys", &bindings, &subst, build, &params);
-                assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
-                crate::source::assert_valid(&src, &format!("forward_keys {dtype:?} {positions:?}"));
+                // Appending, the cache's keys and values bind as outputs, and the new rows
+                // after the positions.
+                for append in [false, true] {
+                    let mut subst = vec![append_code(append)];
+                    subst.extend(head.subst("forward_keys"));
+                    subst.push(("VECTOR_MATH", wide_helpers(dtype)));
+                    let mut bindings = vec![
+                        (dtype, false),
+                        (dtype, append),
+                        (dtype, append),
+                        (dtype, true),
+                        (positions, true),
+                    ];
+                    if append {
+                        bindings.extend([(dtype, true), (dtype, true)]);
+                    }
+                    let build = Build {
+                        immediate_words: Some(64),
+                        subgroups: true,
+                    };
+                    let params = AttentionParams::wgsl();
+                    let src = source(SRC, "forward_keys", &bindings, &subst, build, &params);
+                    assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
+                    let what = format!("forward_keys {dtype:?} {positions:?} append {append}");
+                    crate::source::assert_valid(&src, &what);
+                }
             }
         }
     }

@@ -61,7 +61,8 @@ impl PartLauncher for Planner<'_> {
     }
 
     /// Matmul splits along K into partial sums its own kernel adds with the epilogue (a
-    /// normalized product that does not fit runs as its norm and its product), the
+    /// normalized product that does not fit runs as its norm and its product, an appending
+    /// attention as its cache write and its attention), the
     /// convolutions into parts of images and of their im2col columns, embedding and its
     /// backward into ranges of table rows and positions, concat into a copy per input, and
     /// the squared norm into chunks of partial sums.
@@ -74,6 +75,7 @@ impl PartLauncher for Planner<'_> {
                 | Op::Concat { .. }
                 | Op::Matmul { .. }
                 | Op::NormMatmul { .. }
+                | Op::AppendAttention
                 | Op::Conv2d { .. }
                 | Op::Conv2dBackwardData { .. }
                 | Op::Conv2dBackwardWeight { .. }

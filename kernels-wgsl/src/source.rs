@@ -90,7 +90,8 @@ pub(crate) fn wide_helpers(dtype: DType) -> String {
 }
 
 /// The declarations and accessors of data binding `k` read as 16-byte vectors: `ldvK(i)`
-/// returns vector `i` as a `vec4<u32>`, and `ldK(e)` still reads element `e` as f32.
+/// returns vector `i` as a `vec4<u32>`, `stvK(i, x)` writes it, and `ldK(e)` still reads
+/// element `e` as f32.
 fn wide_binding(k: usize, dtype: DType) -> String {
     let ld = match dtype {
         DType::F32 => "bitcast<f32>(bK[e >> 2u][e & 3u])",
@@ -100,6 +101,7 @@ fn wide_binding(k: usize, dtype: DType) -> String {
     format!(
         "@group(1) @binding(K) var<storage, read_write> bK: array<vec4<u32>>;\n\
          fn ldvK(i: u32) -> vec4<u32> {{ return bK[i]; }}\n\
+         fn stvK(i: u32, x: vec4<u32>) {{ bK[i] = x; }}\n\
          fn ldK(e: u32) -> f32 {{ return {ld}; }}\n"
     )
     .replace('K', &k.to_string())

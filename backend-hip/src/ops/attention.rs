@@ -11,6 +11,7 @@
 //! CUDA cores (`forward_tiled`, `dq_tiled`, `dkv_tiled`: each thread a 4 x 4 share of a 64 x 64
 //! tile of scores, about twice the row kernels' speed); exact f32 arithmetic, no TF32.
 
+use tessera_core::exec::unfused::index_copy_then_attention;
 use tessera_core::{DType, Error, Op, Result, TensorRef};
 
 use super::{cxx_type, index_type, unsupported};
@@ -319,6 +320,14 @@ pub(crate) fn launch(
             attention(gpu, op, *causal, inputs, outputs, s[0])
         }
         Op::CachedAttention => attention(gpu, op, true, inputs, outputs, s[0]),
+        // The cache write, then the cached attention: a replayed graph launches both for
+        // about what one costs.
+        Op::AppendAttention => {
+            let launch = |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| {
+                super::launch_family(gpu, op, i, o, s)
+            };
+            index_copy_then_attention(op, inputs, outputs, s, &launch)
+        }
         _ => Err(unsupported(gpu, op)),
     }
 }

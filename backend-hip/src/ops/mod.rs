@@ -193,6 +193,7 @@ mod tests {
             RmsNormBackward => vec![f, f, DType::F32, f],
             Attention { .. } => vec![f, f, f],
             CachedAttention => vec![f, f, f, i],
+            AppendAttention => vec![f, f, i, f],
             AttentionBackward { .. } => vec![f, f, f, f, DType::F32, f],
             CrossEntropy => vec![f, i],
             CrossEntropyBackward => vec![f, i, DType::F32, DType::F32],

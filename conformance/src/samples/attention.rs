@@ -211,3 +211,48 @@ pub(super) fn cached() -> Vec<Sample> {
         case(p(true, [1, 2, 2, 0, 5, 8, 8]), &[], 0),
     ]
 }
+
+/// Attention that first writes new keys and values into its cache: one query per head at a
+/// position inside the cache, at its last row, past it and negative (nothing written, as
+/// `IndexCopy` skips them), batches, grouped heads and several queries (which backends may
+/// run as the write and then the cached attention), each in place and not.
+pub(super) fn append() -> Vec<Sample> {
+    let case = |pr: Problem, positions: &[i64], in_place: bool| {
+        let values = positions.iter().map(|&i| i as f64).collect();
+        let inputs = vec![
+            input(&[pr.b, pr.hq, pr.tq, pr.d], uniform(-1.0, 1.0)),
+            input(&[2, pr.b, pr.hkv, pr.tk, pr.d], uniform(-1.0, 1.0)),
+            fixed(&[pr.tq], DType::I32, Gen::Values(values)),
+            input(&[2, pr.b, pr.hkv, pr.tq, pr.d], uniform(-1.0, 1.0)),
+        ];
+        let sample = Sample::new(
+            Op::AppendAttention,
+            format!(
+                "{} positions {positions:?} in place {in_place}",
+                pr.describe()
+            ),
+            inputs,
+        )
+        .scalars(&[pr.scale()])
+        .reduce_each(&[pr.reduction(), 1]);
+        if in_place {
+            sample.in_place()
+        } else {
+            sample
+        }
+    };
+    let problems: [(Problem, &[i64]); 8] = [
+        (p(true, [1, 4, 4, 1, 64, 64, 64]), &[37]),
+        (p(true, [1, 12, 12, 1, 300, 64, 64]), &[299]),
+        (p(true, [1, 2, 2, 1, 64, 16, 16]), &[100]),
+        (p(true, [1, 2, 2, 1, 40, 32, 32]), &[-1]),
+        (p(true, [2, 2, 2, 1, 48, 64, 64]), &[0]),
+        (p(true, [1, 8, 2, 1, 50, 64, 64]), &[20]),
+        (p(true, [2, 2, 2, 3, 24, 16, 16]), &[5, 6, 7]),
+        (p(true, [1, 2, 2, 1, 30, 12, 12]), &[9]),
+    ];
+    problems
+        .into_iter()
+        .flat_map(|(pr, positions)| [false, true].map(|in_place| case(pr, positions, in_place)))
+        .collect()
+}

@@ -384,6 +384,7 @@ pub fn family_samples(op: &Op) -> Vec<Sample> {
         Op::Attention { .. } => attention::forward(),
         Op::AttentionBackward { .. } => attention::backward(),
         Op::CachedAttention => attention::cached(),
+        Op::AppendAttention => attention::append(),
         Op::CrossEntropy => loss::forward(),
         Op::CrossEntropyBackward => loss::backward(),
         Op::AdamUpdate {

@@ -68,3 +68,37 @@ pub fn norm_then_matmul(
     };
     launch(&product, &product_inputs, outputs, &[])
 }
+
+/// Runs `AppendAttention` as its cache write (`IndexCopy` of `kv_new` into output 1, the
+/// cache, at the positions) and then `CachedAttention` over that cache's keys and values.
+pub fn index_copy_then_attention(
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    scalars: &[f64],
+    launch: &LaunchOp<'_>,
+) -> Result<()> {
+    let (&[q, kv, positions, new], &[out, cache]) = (inputs, outputs) else {
+        return Err(Error::invalid(
+            &op.name(),
+            "needs q, kv, positions and kv_new, and out and kv",
+        ));
+    };
+    launch(
+        &Op::IndexCopy { axis: 3 },
+        &[kv, positions, new],
+        &[cache],
+        &[],
+    )?;
+    let half = |i: usize| {
+        let l = cache.layout;
+        Layout {
+            shape: l.shape[1..].to_vec(),
+            strides: l.strides[1..].to_vec(),
+            offset: l.offset + i * l.strides[0],
+        }
+    };
+    let (k, v) = (half(0), half(1));
+    let attend = [q, cache.with_layout(&k), cache.with_layout(&v), positions];
+    launch(&Op::CachedAttention, &attend, &[out], scalars)
+}

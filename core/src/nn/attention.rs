@@ -220,14 +220,16 @@ impl LayerCache {
     }
 
     /// Writes keys and values stacked as `kv [2, B, Hkv, T, D]` at `positions [T]` (device)
-    /// into the cache of `capacity` positions in `slot`, and returns the whole cache's keys
-    /// and values.
-    fn write_at(
+    /// into the cache of `capacity` positions in `slot`, and attends with `q` over the whole
+    /// cache ([`Tensor::append_attention`]: the write and the attention in one launch).
+    fn attend_at(
         slot: &mut Option<LayerCache>,
         capacity: usize,
+        q: &Tensor,
         kv: &Tensor,
         positions: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
+        scale: f64,
+    ) -> Result<Tensor> {
         let cache = Self::reserve(
             slot,
             Some(capacity),
@@ -236,8 +238,7 @@ impl LayerCache {
             kv.device(),
             0,
         )?;
-        cache.kv.index_copy(3, positions, kv)?;
-        Ok((cache.k.clone(), cache.v.clone()))
+        Tensor::append_attention(q, &cache.kv, positions, kv, scale)
     }
 
     /// The cache in `slot` with room for `t` more positions of keys of shape `[B, Hkv, T,
@@ -354,8 +355,7 @@ impl CausalSelfAttention {
                     (q, Tensor::cat(&[&k.unsqueeze(0)?, &v.unsqueeze(0)?], 0)?)
                 }
             };
-            let (k, v) = LayerCache::write_at(slot, capacity, &kv, at)?;
-            let y = Tensor::cached_attention(&q, &k, &v, at, scale)?;
+            let y = LayerCache::attend_at(slot, capacity, &q, &kv, at, scale)?;
             let y = y.transpose(1, 2)?.reshape(&[b, t, hq * d])?;
             return self.out.forward_plus(&y, residual);
         }

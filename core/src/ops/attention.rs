@@ -24,6 +24,12 @@
 //!   `positions[i]` and sees keys `j <= positions[i]`, `j < S`; the keys past it are never
 //!   read, so cache rows not yet written may hold anything. Scores and softmax as `Attention`.
 //!   Forward only: no log-sum-exp, no gradient.
+//! - `AppendAttention`: `(q [B, Hq, Tq, D], kv [2, B, Hkv, S, D], positions [Tq] i32/u32, kv_new
+//!   [2, B, Hkv, Tq, D])`, scalar `scale`, to `(out [B, Hq, Tq, D], kv)`: writes the new keys
+//!   and values `kv_new` into the cache `kv` (keys, then values) at `positions` in place, as
+//!   `IndexCopy { axis: 3 }` (positions past `S` are not written), then attends as
+//!   `CachedAttention` over `kv`'s keys and values: a decoding step's cache write and attention,
+//!   one launch where a backend fuses them. Output 1 is input 1, updated.
 
 use super::{
     require_float, require_index, require_same_dtype, specs_str, stats_dtype, Op, TensorSpec,
@@ -115,6 +121,28 @@ pub(super) fn infer(op: &Op, name: &str, inputs: &[TensorSpec]) -> Result<Vec<Te
                 &[q[0], q[1], q[2], v[3]],
                 inputs[0].dtype,
             )])
+        }
+        Op::AppendAttention => {
+            require_float(name, inputs, &[0, 1, 3])?;
+            require_same_dtype(name, inputs, &[0, 1, 3])?;
+            require_index(name, inputs, 2)?;
+            let (q, kv, new) = (&inputs[0].shape, &inputs[1].shape, &inputs[3].shape);
+            let fits = q.len() == 4
+                && kv.len() == 5
+                && kv[0] == 2
+                && kv[1] == q[0]
+                && kv[4] == q[3]
+                && kv[2] > 0
+                && q[1] % kv[2] == 0
+                && *new == [2, q[0], kv[2], q[2], q[3]]
+                && inputs[2].shape == [q[2]];
+            if !fits {
+                return Err(err(
+                    "need q [B, Hq, Tq, D], kv [2, B, Hkv, S, D] with Hq a multiple of Hkv, \
+                     positions [Tq] and kv_new [2, B, Hkv, Tq, D]",
+                ));
+            }
+            Ok(vec![inputs[0].clone(), inputs[1].clone()])
         }
         _ => unreachable!("not an attention op: {op:?}"),
     }

@@ -24,6 +24,7 @@ pub fn catalog_allows(op: &Op, dtypes: &[DType]) -> bool {
         Op::EmbeddingBackward | Op::ScatterAdd { .. } => index(0) && not_bool(1),
         Op::IndexCopy { .. } => index(1),
         Op::CachedAttention => float(0) && float(1) && float(2) && index(3),
+        Op::AppendAttention => float(0) && float(1) && index(2) && float(3),
         Op::CrossEntropy | Op::CrossEntropyBackward => float(0) && index(1),
         _ => (0..dtypes.len()).all(|i| {
             let stats_or_scale = matches!(

@@ -163,6 +163,7 @@ pub enum Op {
         causal: bool,
     },
     CachedAttention,
+    AppendAttention,
     // loss.rs
     CrossEntropy,
     CrossEntropyBackward,
@@ -245,6 +246,7 @@ impl Op {
             Attention { causal: true },
             AttentionBackward { causal: true },
             CachedAttention,
+            AppendAttention,
             CrossEntropy,
             CrossEntropyBackward,
             AdamUpdate {
@@ -302,9 +304,11 @@ impl Op {
             | ScatterAdd { .. }
             | IndexCopy { .. } => OpFamily::Movement,
             LayerNorm | LayerNormBackward | RmsNorm | RmsNormBackward => OpFamily::Norm,
-            Rotary | Attention { .. } | AttentionBackward { .. } | CachedAttention => {
-                OpFamily::Attention
-            }
+            Rotary
+            | Attention { .. }
+            | AttentionBackward { .. }
+            | CachedAttention
+            | AppendAttention => OpFamily::Attention,
             CrossEntropy | CrossEntropyBackward => OpFamily::Loss,
             AdamUpdate { .. } | SgdUpdate { .. } | SquaredNorm => OpFamily::Optim,
             Conv2d { .. } | Conv2dBackwardData { .. } | Conv2dBackwardWeight { .. } => {
@@ -352,6 +356,7 @@ impl Op {
             Attention { .. } => "attention".into(),
             AttentionBackward { .. } => "attention_backward".into(),
             CachedAttention => "cached_attention".into(),
+            AppendAttention => "append_attention".into(),
             CrossEntropy => "cross_entropy".into(),
             CrossEntropyBackward => "cross_entropy_backward".into(),
             AdamUpdate {
@@ -392,7 +397,9 @@ impl Op {
             ],
             Unary(u) | UnaryBackward(u) => u.scalar_names(),
             LayerNorm | RmsNorm | NormMatmul { .. } => &["eps"],
-            Attention { .. } | AttentionBackward { .. } | CachedAttention => &["scale"],
+            Attention { .. } | AttentionBackward { .. } | CachedAttention | AppendAttention => {
+                &["scale"]
+            }
             AdamUpdate { .. } => &["beta1", "beta2", "eps", "weight_decay"],
             SgdUpdate { .. } => &["lr", "momentum", "grad_coef", "weight_decay"],
             _ => &[],
@@ -431,11 +438,15 @@ impl Op {
             || (matches!(self, Op::NormMatmul { .. }) && input == 1)
     }
 
-    /// Whether outputs may alias the matching inputs (optimizer updates, index copies).
+    /// Whether outputs may alias the matching inputs (optimizer updates, index copies, the KV
+    /// cache an appending attention writes).
     pub fn updates_in_place(&self) -> bool {
         matches!(
             self,
-            Op::AdamUpdate { .. } | Op::SgdUpdate { .. } | Op::IndexCopy { .. }
+            Op::AdamUpdate { .. }
+                | Op::SgdUpdate { .. }
+                | Op::IndexCopy { .. }
+                | Op::AppendAttention
         )
     }
 
@@ -539,7 +550,7 @@ impl Op {
             RmsNormBackward => 4,
             Attention { .. } => 3,
             AttentionBackward { .. } => 6,
-            CachedAttention => 4,
+            CachedAttention | AppendAttention => 4,
             CrossEntropyBackward => 4,
             AdamUpdate { .. } => return None,
             SgdUpdate { momentum, .. } => 3 + usize::from(*momentum),
@@ -733,6 +744,8 @@ pub fn validate_kernel_launch(
 pub fn in_place_input(op: &Op, params: usize, output: usize) -> Option<usize> {
     match output {
         _ if !op.updates_in_place() => None,
+        // Its output is new; the cache it writes is input 1.
+        _ if *op == Op::AppendAttention => (output == 1).then_some(1),
         k if k < params => Some(k),
         k => Some(k + params),
     }

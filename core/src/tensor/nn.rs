@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::Tensor;
 use crate::rng::RngState;
-use crate::{is_grad_enabled, CompareOp, Conv2dParams, Device, Error, Op, Result};
+use crate::{is_grad_enabled, CompareOp, Conv2dParams, Device, Error, Layout, Op, Result};
 
 impl Tensor {
     /// Layer norm over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`.
@@ -53,6 +53,47 @@ impl Tensor {
             ));
         }
         Ok(Tensor::apply(&Op::CachedAttention, &[q, k, v, positions], &[scale], None)?.remove(0))
+    }
+
+    /// Writes `kv_new [2, B, Hkv, Tq, D]` (keys, then values) into the KV cache `kv [2, B, Hkv,
+    /// S, D]` at `positions` in place (positions past `S` are skipped), then attends as
+    /// [`Tensor::cached_attention`] over the cache's keys and values: a decoding step's cache
+    /// write and attention, one launch where the backend fuses them. Inference only.
+    pub fn append_attention(
+        q: &Tensor,
+        kv: &Tensor,
+        positions: &Tensor,
+        kv_new: &Tensor,
+        scale: f64,
+    ) -> Result<Tensor> {
+        let tracked = [q, kv_new].iter().any(|t| t.tracks_grad());
+        if kv.tracks_grad() || (is_grad_enabled() && tracked) {
+            return Err(Error::invalid(
+                "append_attention",
+                "has no gradient and writes its cache in place: run it under no_grad \
+                 (decoding) on a cache that records no gradient",
+            ));
+        }
+        let (q, positions, kv_new) = (
+            q.contiguous()?,
+            positions.contiguous()?,
+            kv_new.contiguous()?,
+        );
+        let bytes = q.numel() * q.dtype().size();
+        let device = q.device().clone();
+        let out = Tensor::from_parts(
+            device.alloc(bytes)?,
+            Layout::contiguous(q.shape()),
+            q.dtype(),
+            device,
+        );
+        Tensor::apply_in_place(
+            &Op::AppendAttention,
+            &[&q, kv, &positions, &kv_new],
+            &[&out, kv],
+            &[scale],
+        )?;
+        Ok(out)
     }
 
     /// Per-row cross-entropy of `[N, V]` logits against `[N]` targets (f32; f64 for f64);

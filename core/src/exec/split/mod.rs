@@ -103,6 +103,7 @@ pub fn launch(
         | Concat { .. }
         | Matmul { .. }
         | NormMatmul { .. }
+        | AppendAttention
         | Conv2d { .. }
         | Conv2dBackwardData { .. }
         | Conv2dBackwardWeight { .. } => Err(too_large(dev, op, inputs, outputs)),

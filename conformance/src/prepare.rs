@@ -405,6 +405,12 @@ fn in_place_inputs(op: &Op, inputs: usize, outputs: usize) -> Vec<Option<usize>>
         .collect()
 }
 
+/// Where a launch's output lies: over the input it updates in place, or in its own buffer.
+enum Output {
+    Over(usize),
+    Own(Placed),
+}
+
 /// How to launch: the device side uses the sample's views, guards and in-place outputs.
 pub struct LaunchPlan<'a> {
     pub op: &'a Op,
@@ -433,37 +439,35 @@ pub fn run_on_device(
     } else {
         vec![None; specs.len()]
     };
-    // Outputs that are not an input updated in place get guarded buffers of their own.
-    let placed_out: Vec<Option<Placed>> = specs
+    // Each output is an input updated in place, or a guarded buffer of its own.
+    let placed_out: Vec<Output> = specs
         .iter()
         .zip(&aliases)
         .enumerate()
         .map(|(i, (s, alias))| match alias {
-            Some(_) => Ok(None),
-            None => guarded_output(device, s, if i == 0 { plan.out_view } else { None }).map(Some),
+            Some(a) => Ok(Output::Over(*a)),
+            None => guarded_output(device, s, if i == 0 { plan.out_view } else { None })
+                .map(Output::Own),
         })
         .collect::<Result<_, _>>()?;
     let refs = |p: &Placed| (p.buffer.clone(), p.layout.clone(), p.dtype);
     let ins: Vec<_> = placed_in.iter().map(refs).collect();
-    let outs: Vec<_> = aliases
+    let outs: Vec<_> = placed_out
         .iter()
-        .zip(&placed_out)
-        .map(|(alias, placed)| match (alias, placed) {
-            (Some(a), _) => ins[*a].clone(),
-            (None, Some(p)) => refs(p),
-            (None, None) => unreachable!("every output without an alias was placed"),
+        .map(|out| match out {
+            Output::Over(a) => ins[*a].clone(),
+            Output::Own(p) => refs(p),
         })
         .collect();
     kernel.launch(&tensor_refs(&ins), &tensor_refs(&outs), plan.scalars)?;
     let mut result = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        let (placed, what) = match (aliases[i], &placed_out[i]) {
-            (Some(a), _) => (
-                &placed_in[a],
+        let (placed, what) = match &placed_out[i] {
+            Output::Over(a) => (
+                &placed_in[*a],
                 format!("output {i} (in place over input {a})"),
             ),
-            (None, Some(p)) => (p, format!("output {i}")),
-            (None, None) => unreachable!("every output without an alias was placed"),
+            Output::Own(p) => (p, format!("output {i}")),
         };
         let values = read_back(device, placed, &what).map_err(LaunchError::Failed)?;
         result.push(HostTensor {

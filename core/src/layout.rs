@@ -183,6 +183,16 @@ impl Layout {
         l
     }
 
+    /// Entry `index` of the first dimension, which the result no longer has (the keys or the
+    /// values of a stacked KV cache; caller checks bounds).
+    pub fn select_first(&self, index: usize) -> Layout {
+        Layout {
+            shape: self.shape[1..].to_vec(),
+            strides: self.strides[1..].to_vec(),
+            offset: self.offset + index * self.strides[0],
+        }
+    }
+
     /// Broadcasts to `shape` with stride-0 dimensions, or `None` if the shapes do not broadcast.
     pub fn broadcast_to(&self, shape: &[usize]) -> Option<Layout> {
         if shape.len() < self.rank() {

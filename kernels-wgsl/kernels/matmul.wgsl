@@ -372,10 +372,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // (loaded before any is summed), their sums met by one subgroupAdd (in the device's fixed
 // order, so results are deterministic). A subgroup's load moves 16 bytes a lane where `rows`
 // moves one element, and bytes in flight are what a matrix-vector product waits on. Small
-// workgroups spread narrow matrices over every multiprocessor. A normalized product first
-// takes each row's statistics over its subgroup, then normalizes the vectors of `a` as it
-// loads them. The upper-case parts are generated for M rows, the operands' dtype, the
-// epilogue and the norm (matmul.rs).
+// workgroups spread narrow matrices over every multiprocessor. A normalized product takes the
+// norm's sums in the same pass over k and applies the norm to each column's sum. The
+// upper-case parts are generated for M rows, the operands' dtype, the epilogue and the norm
+// (matmul.rs).
 VECTOR_MATH
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) sgs: u32, @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
@@ -390,7 +390,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let b_base = (params.b_offset + zo.y) / VEC;
         let r_base = params.res_offset + zo.z;
         let o_base = params.out_offset + z * m * n;
-        NORM_STATS
+        NORM_SETUP
         for (var gn = wid.x * sgs + sg; gn < n; gn += nwg.x * sgs) {
             let bn = b_base + gn * sbn;
             EARLY

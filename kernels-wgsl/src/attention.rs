@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use tessera_core::exec::unfused::index_copy_then_attention;
+use tessera_core::exec::unfused::{index_copy_then_attention, LaunchOp};
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::attention_products;
@@ -114,7 +114,6 @@ pub(crate) fn launch(
                 },
             )
         }
-        Op::AppendAttention => launch_append(gpu, op, inputs, outputs, s),
         Op::Attention { .. } | Op::AttentionBackward { .. } | Op::CachedAttention => {
             let (q, kk, v) = (
                 &inputs[0].layout.shape,
@@ -653,26 +652,22 @@ fn one_pass(gpu: &dyn Gpu, inputs: &[TensorRef<'_>]) -> bool {
 /// `forward_keys` kernel that writes each head's new row before it reads the cache, where one
 /// query per head meets a head of its own (no grouped heads, whose workgroups would share a
 /// row), every operand fits a binding and the cache is written in place; otherwise the cache
-/// write, then the cached attention ([`index_copy_then_attention`]).
-fn launch_append(
+/// write, then the cached attention ([`index_copy_then_attention`]), each launched by `whole`.
+pub(crate) fn launch_append(
     gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     s: &[f64],
+    whole: &LaunchOp<'_>,
 ) -> Result<()> {
     let (q, positions, new, cache) = (inputs[0], inputs[2], inputs[3], outputs[1]);
-    // Keys and values of the cache and of the new rows: halves along the first dimension.
-    let half = |l: &Layout, i: usize| Layout {
-        shape: l.shape[1..].to_vec(),
-        strides: l.strides[1..].to_vec(),
-        offset: l.offset + i * l.strides[0],
-    };
+    // Keys and values of the cache and of the new rows.
     let halves = [
-        half(cache.layout, 0),
-        half(cache.layout, 1),
-        half(new.layout, 0),
-        half(new.layout, 1),
+        cache.layout.select_first(0),
+        cache.layout.select_first(1),
+        new.layout.select_first(0),
+        new.layout.select_first(1),
     ];
     let cached = [
         q,
@@ -697,10 +692,7 @@ fn launch_append(
     if fused {
         return launch(gpu, &Op::CachedAttention, &cached, &outputs[..1], s);
     }
-    let launch = |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| {
-        crate::dispatch::launch(gpu, op, i, o, s)
-    };
-    index_copy_then_attention(op, inputs, outputs, s, &launch)
+    index_copy_then_attention(op, inputs, outputs, s, whole)
 }
 
 /// `visible(i)` (the keys query `i` sees), `keys_seen(i0, i1)` (the most that queries

@@ -91,12 +91,16 @@ impl PartLauncher for Planner<'_> {
         part: Part,
     ) -> Result<()> {
         let gpu = self.0;
+        // What a fused op without its fused kernel here runs as: whole ops, each split itself.
+        let whole =
+            |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| launch(gpu, op, i, o, s);
         match (op, op.family()) {
             (_, OpFamily::Random) => random::launch(gpu, op, o, s, part.first),
             (_, OpFamily::Elementwise) => elementwise::launch(gpu, op, i, o, s),
             (Op::ArgMax { axis, .. }, _) => reduce::argmax(gpu, *axis, &i[0], &o[0], part.first),
             (_, OpFamily::Reduce) => reduce::launch(gpu, op, i, o),
-            (Op::NormMatmul { .. }, _) => matmul::launch_normed(gpu, op, i, o, s),
+            (Op::NormMatmul { .. }, _) => matmul::launch_normed(gpu, op, i, o, s, &whole),
+            (Op::AppendAttention, _) => attention::launch_append(gpu, op, i, o, s, &whole),
             (_, OpFamily::Matmul) if gpu.fits(i) && gpu.fits(o) => matmul::launch(gpu, op, i, o),
             (_, OpFamily::Matmul) => matmul::launch_windows(gpu, op, i, o),
             (Op::Gather { axis }, _) if part != Part::WHOLE => {

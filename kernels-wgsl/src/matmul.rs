@@ -29,7 +29,7 @@ use crate::source::{
     groups_for, key, run, run_grid, run_native, unsupported, wide_along, wide_helpers,
 };
 use tessera_core::exec::split;
-use tessera_core::exec::unfused::norm_then_matmul;
+use tessera_core::exec::unfused::{norm_then_matmul, LaunchOp};
 
 const SRC: &str = include_str!("../kernels/matmul.wgsl");
 
@@ -200,7 +200,7 @@ fn wide_rows_code(
     })
     .concat();
     let a_at = |j: usize| format!("ldv1(a_base + #u * sam + min(i{j}, kv - 1u))");
-    let (stats, zero, macs, sums) = match norm {
+    let (setup, zero, macs, sums) = match norm {
         None => {
             let terms = steps(&|j| format!("select(0.0, dotv({}, w{j}), i{j} < kv)", a_at(j)));
             (
@@ -218,7 +218,10 @@ fn wide_rows_code(
                 } else {
                     String::new()
                 };
-                format!("let on{j} = f32(i{j} < kv);\nlet g{j} = ldv3(nw + min(i{j}, kv - 1u));\n{shift}")
+                format!(
+                    "let on{j} = f32(i{j} < kv);\n\
+                     let g{j} = ldv3(nw + min(i{j}, kv - 1u));\n{shift}"
+                )
             })
             .concat();
             let row_terms =
@@ -248,10 +251,10 @@ fn wide_rows_code(
                     ),
                 )
             };
-            let stats = "let nw = params.norm_offset / VEC;\nlet ns = params.shift_offset / VEC;\n"
+            let setup = "let nw = params.norm_offset / VEC;\nlet ns = params.shift_offset / VEC;\n"
                 .to_string()
                 + &each(&format!("let x0# = {x0};\n"));
-            (stats, zero, macs, sums)
+            (setup, zero, macs, sums)
         }
     };
     let (early, early_row, late) = epilogue.early_late();
@@ -259,7 +262,7 @@ fn wide_rows_code(
     let norm_math = if norm.is_some() { NORM_MATH } else { "" };
     vec![
         ("VECTOR_MATH", wide_helpers(dtype) + norm_math),
-        ("NORM_STATS", stats),
+        ("NORM_SETUP", setup),
         ("UNROLL_U", format!("{WIDE_ROWS_UNROLL}u")),
         ("EARLY", early + &each(&early_row)),
         ("ZERO", zero),
@@ -702,22 +705,20 @@ fn normed_in_one(
 }
 
 /// A normalized product (`NormMatmul`): one kernel where [`normed_in_one`] allows, else its
-/// norm, then its product, each launched (and split over windows) as the op it is.
+/// norm, then its product, each launched by `whole` (which splits it over windows).
 pub(crate) fn launch_normed(
     gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     scalars: &[f64],
+    whole: &LaunchOp<'_>,
 ) -> Result<()> {
     if normed_in_one(gpu, op, inputs, outputs) {
         return launch_product(gpu, op, inputs, outputs, scalars[0] as f32);
     }
     let scratch = |bytes| gpu.scratch(bytes);
-    let launch = |op: &Op, i: &[TensorRef<'_>], o: &[TensorRef<'_>], s: &[f64]| {
-        crate::dispatch::launch(gpu, op, i, o, s)
-    };
-    norm_then_matmul(op, inputs, outputs, scalars, &scratch, &launch)
+    norm_then_matmul(op, inputs, outputs, scalars, &scratch, whole)
 }
 
 pub(crate) fn launch(

@@ -286,7 +286,8 @@ fn normed(
     Sample::new(
         op,
         format!(
-            "{norm:?}{exact} [{m}, {k}] x [{k}, {n}] bias {bias} act {act} residual {residual}{b_described}"
+            "{norm:?}{exact} [{m}, {k}] x [{k}, {n}] bias {bias} act {act} residual \
+             {residual}{b_described}"
         ),
         inputs,
     )

@@ -10,8 +10,8 @@ use crate::{Buffer, Error, Layout, Op, Result, TensorRef};
 pub type LaunchOp<'a> = dyn Fn(&Op, &[TensorRef<'_>], &[TensorRef<'_>], &[f64]) -> Result<()> + 'a;
 
 /// Runs `NormMatmul` as its norm, whose output goes to scratch of `x`'s dtype (rounded as the
-/// norm op stores it, which the fused op allows), then its matmul reading that scratch. `scratch` allocates
-/// device memory that may be reused once the work queued on it has run.
+/// norm op stores it, which the fused op allows), then its matmul reading that scratch.
+/// `scratch` allocates device memory that may be reused once the work queued on it has run.
 pub fn norm_then_matmul(
     op: &Op,
     inputs: &[TensorRef<'_>],
@@ -90,15 +90,7 @@ pub fn index_copy_then_attention(
         &[cache],
         &[],
     )?;
-    let half = |i: usize| {
-        let l = cache.layout;
-        Layout {
-            shape: l.shape[1..].to_vec(),
-            strides: l.strides[1..].to_vec(),
-            offset: l.offset + i * l.strides[0],
-        }
-    };
-    let (k, v) = (half(0), half(1));
+    let (k, v) = (cache.layout.select_first(0), cache.layout.select_first(1));
     let attend = [q, cache.with_layout(&k), cache.with_layout(&v), positions];
     launch(&Op::CachedAttention, &attend, &[out], scalars)
 }

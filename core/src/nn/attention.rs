@@ -308,9 +308,9 @@ pub struct CausalSelfAttention {
 
 impl CausalSelfAttention {
     /// `norm(x)` for `x [B, T, C]` at `positions` to `[B, T, C]`, plus `residual` if given
-    /// (added in the output projection's matmul). With a cache (of `capacity` positions where fixed), the
-    /// new keys and values are appended (written at the device positions) and attention
-    /// covers every cached position up to each query's.
+    /// (added in the output projection's matmul). With a cache (of `capacity` positions where
+    /// fixed), the new keys and values are appended (written at the device positions) and
+    /// attention covers every cached position up to each query's.
     pub fn forward(
         &self,
         x: PreNormed<'_>,

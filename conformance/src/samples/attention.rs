@@ -215,7 +215,9 @@ pub(super) fn cached() -> Vec<Sample> {
 /// Attention that first writes new keys and values into its cache: one query per head at a
 /// position inside the cache, at its last row, past it and negative (nothing written, as
 /// `IndexCopy` skips them), batches, grouped heads and several queries (which backends may
-/// run as the write and then the cached attention), each in place and not.
+/// run as the write and then the cached attention), each in place and not. Each head's cache
+/// fits the 64 KiB bindings of the small-binding test: an index copy does not split a head's
+/// rows, so a head past one binding is `Unsupported` there.
 pub(super) fn append() -> Vec<Sample> {
     let case = |pr: Problem, positions: &[i64], in_place: bool| {
         let values = positions.iter().map(|&i| i as f64).collect();
@@ -243,7 +245,7 @@ pub(super) fn append() -> Vec<Sample> {
     };
     let problems: [(Problem, &[i64]); 8] = [
         (p(true, [1, 4, 4, 1, 64, 64, 64]), &[37]),
-        (p(true, [1, 12, 12, 1, 300, 64, 64]), &[299]),
+        (p(true, [1, 12, 12, 1, 200, 64, 64]), &[199]),
         (p(true, [1, 2, 2, 1, 64, 16, 16]), &[100]),
         (p(true, [1, 2, 2, 1, 40, 32, 32]), &[-1]),
         (p(true, [2, 2, 2, 1, 48, 64, 64]), &[0]),

@@ -72,35 +72,7 @@ impl Tensor {
         activation: Option<UnaryOp>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
-        if self.rank() < 1 || weight.rank() != 2 {
-            return Err(Error::shape(
-                "linear",
-                format!(
-                    "need x [..., in] and weight [out, in]; got {:?} and {:?}",
-                    self.shape(),
-                    weight.shape()
-                ),
-            ));
-        }
-        let k = self.shape()[self.rank() - 1];
-        let rows = self.numel() / k.max(1);
-        let x2 = self.reshape(&[rows, k])?;
-        let mut shape = self.shape().to_vec();
-        *shape.last_mut().expect("rank >= 1") = weight.shape()[0];
-        let residual = match residual {
-            Some(r) if r.shape() != shape.as_slice() => {
-                return Err(Error::shape(
-                    "linear",
-                    format!(
-                        "the residual must have the output's shape {shape:?}; got {:?} {}",
-                        r.shape(),
-                        r.dtype()
-                    ),
-                ))
-            }
-            Some(r) => Some(r.reshape(&[rows, weight.shape()[0]])?),
-            None => None,
-        };
+        let (x2, residual, shape) = self.linear_rows("linear", weight, residual)?;
         let y = x2.matmul_fused(
             &weight.transpose(0, 1)?,
             bias,
@@ -139,39 +111,17 @@ impl Tensor {
                 "has no gradient: run it under no_grad, or the norm and linear apart",
             ));
         }
-        if self.rank() < 1 || weight.rank() != 2 || norm_params.len() != norm.params() {
-            return Err(Error::shape(
+        if norm_params.len() != norm.params() {
+            return Err(Error::invalid(
                 "norm_linear",
                 format!(
-                    "need x [..., in], weight [out, in] and {} norm parameters; got {:?}, {:?} \
-                     and {}",
+                    "a {norm:?} norm has {} parameters; got {}",
                     norm.params(),
-                    self.shape(),
-                    weight.shape(),
                     norm_params.len()
                 ),
             ));
         }
-        let k = self.shape()[self.rank() - 1];
-        let rows = self.numel() / k.max(1);
-        let n = weight.shape()[0];
-        let mut shape = self.shape().to_vec();
-        *shape.last_mut().expect("rank >= 1") = n;
-        let residual = match residual {
-            Some(r) if r.shape() != shape.as_slice() => {
-                return Err(Error::shape(
-                    "norm_linear",
-                    format!(
-                        "the residual must have the output's shape {shape:?}; got {:?} {}",
-                        r.shape(),
-                        r.dtype()
-                    ),
-                ))
-            }
-            Some(r) => Some(r.reshape(&[rows, n])?),
-            None => None,
-        };
-        let x2 = self.reshape(&[rows, k])?;
+        let (x2, residual, shape) = self.linear_rows("norm_linear", weight, residual)?;
         let b = weight.transpose(0, 1)?;
         let mut inputs = vec![&x2, &b];
         inputs.extend(norm_params);
@@ -186,5 +136,45 @@ impl Tensor {
         Tensor::apply(&op, &inputs, &[eps], None)?
             .remove(0)
             .reshape(&shape)
+    }
+
+    /// A linear layer's operands as a product of rows: `self [..., in]` as `[rows, in]`, the
+    /// residual (of the output's shape) as `[rows, out]`, and the output's shape `[..., out]`.
+    fn linear_rows(
+        &self,
+        name: &str,
+        weight: &Tensor,
+        residual: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>, Vec<usize>)> {
+        if self.rank() < 1 || weight.rank() != 2 {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "need x [..., in] and weight [out, in]; got {:?} and {:?}",
+                    self.shape(),
+                    weight.shape()
+                ),
+            ));
+        }
+        let k = self.shape()[self.rank() - 1];
+        let rows = self.numel() / k.max(1);
+        let n = weight.shape()[0];
+        let mut shape = self.shape().to_vec();
+        *shape.last_mut().expect("rank >= 1") = n;
+        let residual = match residual {
+            Some(r) if r.shape() != shape.as_slice() => {
+                return Err(Error::shape(
+                    name,
+                    format!(
+                        "the residual must have the output's shape {shape:?}; got {:?} {}",
+                        r.shape(),
+                        r.dtype()
+                    ),
+                ))
+            }
+            Some(r) => Some(r.reshape(&[rows, n])?),
+            None => None,
+        };
+        Ok((self.reshape(&[rows, k])?, residual, shape))
     }
 }

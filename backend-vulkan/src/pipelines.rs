@@ -37,8 +37,8 @@ pub(crate) struct Pipeline {
     pub(crate) name: String,
     pub(crate) pipeline: vk::Pipeline,
     pub(crate) layout: vk::PipelineLayout,
-    /// Whether the kernel may write each data binding (`read_write` in its WGSL), in binding
-    /// order: where the recorder needs a barrier.
+    /// Whether the kernel writes each data binding (stores into it or updates it atomically),
+    /// in binding order: where the recorder needs a barrier.
     pub(crate) writes: Vec<bool>,
     shared: Arc<Shared>,
 }
@@ -356,14 +356,23 @@ pub(crate) fn to_spirv(
     if src.contains(F16_IS_BF16) {
         words = f16_as_bf16(&words).map_err(compile_error)?;
     }
-    Ok((words, written_bindings(&module, bindings)))
+    Ok((words, written_bindings(&module, &info, bindings)))
 }
 
-/// Whether `module` declares each of group 1's bindings 1 to `bindings` writable; an
-/// undeclared binding counts as written, to be safe.
-fn written_bindings(module: &naga::Module, bindings: usize) -> Vec<bool> {
+/// Whether the kernel (`module`'s entry point, with the functions it calls) stores into, or
+/// updates atomically, each of group 1's bindings 1 to `bindings`; a binding the module does
+/// not declare counts as written, to be safe. The shared WGSL kernels declare every binding
+/// `read_write`, so the declaration says nothing; what the code does decides whether a later
+/// dispatch waits (`record.rs`): two dispatches that only read a buffer run without a wait
+/// between them, where each wait costs about 5 us on the H100.
+fn written_bindings(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    bindings: usize,
+) -> Vec<bool> {
     let mut writes = vec![true; bindings];
-    for (_, var) in module.global_variables.iter() {
+    let uses = info.get_entry_point(0);
+    for (handle, var) in module.global_variables.iter() {
         let Some(naga::ResourceBinding { group: 1, binding }) = var.binding else {
             continue;
         };
@@ -371,12 +380,7 @@ fn written_bindings(module: &naga::Module, bindings: usize) -> Vec<bool> {
             .checked_sub(1)
             .and_then(|i| writes.get_mut(i))
         {
-            *slot = match var.space {
-                naga::AddressSpace::Storage { access } => {
-                    access.contains(naga::StorageAccess::STORE)
-                }
-                _ => false,
-            };
+            *slot = uses[handle].contains(naga::valid::GlobalUse::WRITE);
         }
     }
     writes

@@ -201,14 +201,20 @@ pub fn greedy_steps(
         axis: 1,
         keepdim: true,
     };
-    // The position as f32 (exact to 2^24), since the catalog adds floats only.
+    // The position as f32 (exact to 2^24), since the catalog adds floats only, and as the i32
+    // the model reads. A step computes the next position beside its embeddings and writes both
+    // forms of it after its argmax, so none of these launches waits for another (each wait
+    // between dependent launches costs a few microseconds on GPUs, whatever they do).
     let position = Tensor::full(&[1], prompt.len() as f64, DType::F32, device)?;
+    let at = position.to_dtype(DType::I32)?;
+    let cast = Op::Cast { to: DType::I32 };
     let mut pending = token.to_vec_later::<i32>()?;
     let mut decode = || -> Result<()> {
-        let at = position.to_dtype(DType::I32)?;
+        let next = position.add_scalar(1.0)?;
         let logits = model.forward_at(&token, &at, &mut cache)?;
         Tensor::apply_in_place(&argmax, &[&logits.select(1, -1)?], &[&token], &[])?;
-        position.copy_from(&position.add_scalar(1.0)?)
+        Tensor::apply_in_place(&cast, &[&next], &[&at], &[])?;
+        position.copy_from(&next)
     };
     for _ in 1..new_tokens {
         step.run(&mut decode)?;

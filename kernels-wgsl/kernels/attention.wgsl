@@ -210,16 +210,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // @kernel forward_keys
 // A cached attention's few query rows (decoding) over keys and values read as 16-byte vectors
 // (VEC elements; source.rs): a workgroup per query row takes the keys it sees WG at a time, a
-// thread per key for the scores (its key's vectors loaded four at a time), then the values'
-// weighted sum with each thread on one vector of the value row for a slice of the keys, the
-// slices added in order through workgroup memory. One pass over the keys: nothing to combine.
+// thread per key for the scores, then the values' weighted sum with each thread on one vector
+// of the value row for a slice of the keys, the slices added in order through workgroup
+// memory. One pass over the keys: nothing to combine. A pass is a chain of waits (the loads,
+// the softmax's reductions, the weighted sum), so each thread issues every load of its pass
+// first: the first KEY_LOADS vectors of its key and VALUE_LOADS vectors of its slice's values,
+// which cover a pass of GPT-2's heads in 16 bits; longer rows load the rest four at a time.
 // Bindings: 1 q, 2 k, 3 v, 4 out, 5 positions; appending to the cache (AppendAttention, one
-// query per head), 6 and 7 the new key and value rows, which each workgroup writes into its
-// head's cache row first (attention.rs).
+// query per head), 6 and 7 the new key and value rows, which each workgroup stores into its
+// head's cache row and reads from the new rows, not back from the cache (attention.rs:
+// `append_code` generates `append_rows`, `key_vec` and `value_vec`).
 VECTOR_MATH
 var<workgroup> qk: array<f32, 256>;
 var<workgroup> pk: array<f32, 256>;
 var<workgroup> vparts: array<f32, 2048>;
+const KEY_LOADS: u32 = 8u;
+const VALUE_LOADS: u32 = 8u;
 
 // Elements 4h.. of the query's vector c times the elements of key vector x.
 fn qdot(x: vec4<u32>, c: u32) -> vec4<f32> {
@@ -229,6 +235,19 @@ fn qdot(x: vec4<u32>, c: u32) -> vec4<f32> {
     return r;
 }
 
+// The query's product with key vector x, the vector c of its key: nothing past the key's
+// kvecs vectors (whose loads were clamped to its last).
+fn qdot_in(x: vec4<u32>, c: u32, kvecs: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), qdot(x, c), c < kvecs);
+}
+
+// The p-weighted elements of value vector x, where key j of the pass's cnt counts.
+fn weighted(x: vec4<u32>, h: u32, j: u32, cnt: u32) -> vec4<f32> {
+    return select(0.0, pk[min(j, WG - 1u)], j < cnt) * quad(x, h);
+}
+
+APPEND
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
@@ -237,6 +256,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let dv = params.v_dim;
     let kvecs = dk / VEC;
     let vvecs = dv / VEC;
+    let last_k = kvecs - 1u;
     // The keys of a pass are split into `slices` for the values' sums, one per thread of a
     // value vector.
     let slices = WG / vvecs;
@@ -244,30 +264,53 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let slice = lid / vvecs;
     for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
         let seen = visible(row % params.q_len);
-        let kb = k_base(row / params.q_len) / VEC;
-        let vb = v_base(row / params.q_len) / VEC;
-        APPEND
+        let bh = row / params.q_len;
+        let kb = k_base(bh) / VEC;
+        let vb = v_base(bh) / VEC;
+        let at = append_rows(row, bh, kb, vb, lid);
+        // The last row's reads of the query are done.
         workgroupBarrier();
         if (lid < dk) { qk[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
-        workgroupBarrier();
         var acc = 0.0;
         var m = -inf();
         var l = 0.0;
         for (var j0 = 0u; j0 < seen; j0 += WG) {
             let j = j0 + lid;
+            let cnt = min(WG, seen - j0);
+            // Rows past the keys seen load row 0 and count for nothing.
+            let jk = select(0u, j, j < seen);
+            let x0 = key_vec(kb, jk, at, bh, 0u);
+            let x1 = key_vec(kb, jk, at, bh, min(1u, last_k));
+            let x2 = key_vec(kb, jk, at, bh, min(2u, last_k));
+            let x3 = key_vec(kb, jk, at, bh, min(3u, last_k));
+            let x4 = key_vec(kb, jk, at, bh, min(4u, last_k));
+            let x5 = key_vec(kb, jk, at, bh, min(5u, last_k));
+            let x6 = key_vec(kb, jk, at, bh, min(6u, last_k));
+            let x7 = key_vec(kb, jk, at, bh, min(7u, last_k));
+            let vj = j0 + slice;
+            let y0 = value_vec(vb, select(0u, vj, slice < cnt), at, bh, slot);
+            let y1 = value_vec(vb, select(0u, vj + slices, slice + slices < cnt), at, bh, slot);
+            let y2 = value_vec(vb, select(0u, vj + 2u * slices, slice + 2u * slices < cnt), at, bh, slot);
+            let y3 = value_vec(vb, select(0u, vj + 3u * slices, slice + 3u * slices < cnt), at, bh, slot);
+            let y4 = value_vec(vb, select(0u, vj + 4u * slices, slice + 4u * slices < cnt), at, bh, slot);
+            let y5 = value_vec(vb, select(0u, vj + 5u * slices, slice + 5u * slices < cnt), at, bh, slot);
+            let y6 = value_vec(vb, select(0u, vj + 6u * slices, slice + 6u * slices < cnt), at, bh, slot);
+            let y7 = value_vec(vb, select(0u, vj + 7u * slices, slice + 7u * slices < cnt), at, bh, slot);
+            // The query is in workgroup memory (first pass), and the last pass's sums are read.
+            workgroupBarrier();
             var s = -inf();
             if (j < seen) {
-                let kr = kb + j * kvecs;
-                var d4 = vec4<f32>(0.0);
-                var c = 0u;
+                var d4 = ((qdot(x0, 0u) + qdot_in(x1, 1u, kvecs)) + (qdot_in(x2, 2u, kvecs) + qdot_in(x3, 3u, kvecs)))
+                    + ((qdot_in(x4, 4u, kvecs) + qdot_in(x5, 5u, kvecs)) + (qdot_in(x6, 6u, kvecs) + qdot_in(x7, 7u, kvecs)));
+                var c = KEY_LOADS;
                 for (; c + 3u < kvecs; c += 4u) {
-                    let x0 = ldv2(kr + c);
-                    let x1 = ldv2(kr + c + 1u);
-                    let x2 = ldv2(kr + c + 2u);
-                    let x3 = ldv2(kr + c + 3u);
-                    d4 += (qdot(x0, c) + qdot(x1, c + 1u)) + (qdot(x2, c + 2u) + qdot(x3, c + 3u));
+                    let z0 = key_vec(kb, j, at, bh, c);
+                    let z1 = key_vec(kb, j, at, bh, c + 1u);
+                    let z2 = key_vec(kb, j, at, bh, c + 2u);
+                    let z3 = key_vec(kb, j, at, bh, c + 3u);
+                    d4 += (qdot(z0, c) + qdot(z1, c + 1u)) + (qdot(z2, c + 2u) + qdot(z3, c + 3u));
                 }
-                for (; c < kvecs; c++) { d4 += qdot(ldv2(kr + c), c); }
+                for (; c < kvecs; c++) { d4 += qdot(key_vec(kb, j, at, bh, c), c); }
                 s = (d4.x + d4.y) + (d4.z + d4.w);
             }
             let m_new = max(m, wg_max(s, lid));
@@ -277,30 +320,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             m = m_new;
             pk[lid] = p;
             workgroupBarrier();
-            let cnt = min(WG, seen - j0);
             if (slice < slices) {
-                var lo = vec4<f32>(0.0);
+                var lo = (weighted(y0, 0u, slice, cnt) + weighted(y1, 0u, slice + slices, cnt))
+                    + (weighted(y2, 0u, slice + 2u * slices, cnt) + weighted(y3, 0u, slice + 3u * slices, cnt))
+                    + ((weighted(y4, 0u, slice + 4u * slices, cnt) + weighted(y5, 0u, slice + 5u * slices, cnt))
+                    + (weighted(y6, 0u, slice + 6u * slices, cnt) + weighted(y7, 0u, slice + 7u * slices, cnt)));
                 var hi = vec4<f32>(0.0);
-                let vs = vb + j0 * vvecs + slot;
-                var jj = slice;
+                if (QUADS == 2u) {
+                    hi = (weighted(y0, 1u, slice, cnt) + weighted(y1, 1u, slice + slices, cnt))
+                        + (weighted(y2, 1u, slice + 2u * slices, cnt) + weighted(y3, 1u, slice + 3u * slices, cnt))
+                        + ((weighted(y4, 1u, slice + 4u * slices, cnt) + weighted(y5, 1u, slice + 5u * slices, cnt))
+                        + (weighted(y6, 1u, slice + 6u * slices, cnt) + weighted(y7, 1u, slice + 7u * slices, cnt)));
+                }
+                var jj = slice + VALUE_LOADS * slices;
                 for (; jj + 3u * slices < cnt; jj += 4u * slices) {
-                    let x0 = ldv3(vs + jj * vvecs);
-                    let x1 = ldv3(vs + (jj + slices) * vvecs);
-                    let x2 = ldv3(vs + (jj + 2u * slices) * vvecs);
-                    let x3 = ldv3(vs + (jj + 3u * slices) * vvecs);
+                    let z0 = value_vec(vb, j0 + jj, at, bh, slot);
+                    let z1 = value_vec(vb, j0 + jj + slices, at, bh, slot);
+                    let z2 = value_vec(vb, j0 + jj + 2u * slices, at, bh, slot);
+                    let z3 = value_vec(vb, j0 + jj + 3u * slices, at, bh, slot);
                     let p0 = pk[jj];
                     let p1 = pk[jj + slices];
                     let p2 = pk[jj + 2u * slices];
                     let p3 = pk[jj + 3u * slices];
-                    lo += (p0 * quad(x0, 0u) + p1 * quad(x1, 0u)) + (p2 * quad(x2, 0u) + p3 * quad(x3, 0u));
+                    lo += (p0 * quad(z0, 0u) + p1 * quad(z1, 0u)) + (p2 * quad(z2, 0u) + p3 * quad(z3, 0u));
                     if (QUADS == 2u) {
-                        hi += (p0 * quad(x0, 1u) + p1 * quad(x1, 1u)) + (p2 * quad(x2, 1u) + p3 * quad(x3, 1u));
+                        hi += (p0 * quad(z0, 1u) + p1 * quad(z1, 1u)) + (p2 * quad(z2, 1u) + p3 * quad(z3, 1u));
                     }
                 }
                 for (; jj < cnt; jj += slices) {
-                    let x = ldv3(vs + jj * vvecs);
-                    lo += pk[jj] * quad(x, 0u);
-                    if (QUADS == 2u) { hi += pk[jj] * quad(x, 1u); }
+                    let z = value_vec(vb, j0 + jj, at, bh, slot);
+                    lo += pk[jj] * quad(z, 0u);
+                    if (QUADS == 2u) { hi += pk[jj] * quad(z, 1u); }
                 }
                 let e = slice * dv + slot * VEC;
                 vparts[e] = lo.x;

@@ -640,10 +640,13 @@ fn few_queries(q: &[usize], v: &[usize]) -> bool {
 }
 
 /// Whether a cached attention over `inputs` (q, k, v, positions) runs `forward_keys`: a cache
-/// of at most [`MAX_ONE_PASS_KEYS`] rows, keys and values read as the same 16-byte vectors.
+/// of at most [`MAX_ONE_PASS_KEYS`] rows, keys and values read as the same 16-byte vectors,
+/// and heads of at least one vector (the kernel loads a key's first vector unguarded).
 fn one_pass(gpu: &dyn Gpu, inputs: &[TensorRef<'_>]) -> bool {
     let k_wide = wide_along(gpu, &inputs[1], 3);
     inputs[1].layout.shape[2] <= MAX_ONE_PASS_KEYS
+        && inputs[1].layout.shape[3] > 0
+        && inputs[2].layout.shape[3] > 0
         && k_wide.is_some()
         && k_wide == wide_along(gpu, &inputs[2], 3)
 }
@@ -727,24 +730,48 @@ fn visibility(positions: Option<DType>) -> String {
     )
 }
 
-/// The `forward_keys` code that writes a query's new key and value rows (bindings 6 and 7,
-/// one row per head) into its head's cache row at the query's position, where `append` (an
-/// `AppendAttention` of one query per head; positions past the cache write nothing), before
-/// any thread of the workgroup reads the cache.
+/// The `forward_keys` functions that read the cache: `key_vec(kb, j, at, bh, c)` and
+/// `value_vec(vb, j, at, bh, c)`, vector `c` of key or value row `j`, and `append_rows(row, bh,
+/// kb, vb, lid)`, the cache row `at` that the row's new key and value go to. Where `append`
+/// (an `AppendAttention` of one query per head), the workgroup's first threads store binding
+/// 6's and 7's rows of head `bh` into its cache row at the query's position (positions past
+/// the cache store nothing), and the kernel reads row `at` from those new rows, not back from
+/// the cache, so no thread waits on the store or races it. Both rows are loaded and one
+/// selected, without a branch: a load in a branch is waited for where the branches meet.
+/// Otherwise `at` is `u32::MAX`, no row.
 fn append_code(append: bool) -> (&'static str, String) {
     let code = if append {
-        "let at = position_of(row % params.q_len);\n\
-         if (at < params.k_len) {\n\
-         let bh = row / params.q_len;\n\
-         if (lid < kvecs) { stv2(kb + at * kvecs + lid, ldv6(o(6u) / VEC + bh * kvecs + lid)); }\n\
-         if (lid < vvecs) { stv3(vb + at * vvecs + lid, ldv7(o(7u) / VEC + bh * vvecs + lid)); }\n\
+        "fn append_rows(row: u32, bh: u32, kb: u32, vb: u32, lid: u32) -> u32 {\n\
+         \x20   let at = position_of(row % params.q_len);\n\
+         \x20   if (at >= params.k_len) { return 0xffffffffu; }\n\
+         \x20   let kvecs = params.k_dim / VEC;\n\
+         \x20   let vvecs = params.v_dim / VEC;\n\
+         \x20   if (lid < kvecs) { stv2(kb + at * kvecs + lid, ldv6(o(6u) / VEC + bh * kvecs + lid)); }\n\
+         \x20   if (lid < vvecs) { stv3(vb + at * vvecs + lid, ldv7(o(7u) / VEC + bh * vvecs + lid)); }\n\
+         \x20   return at;\n\
          }\n\
-         storageBarrier();\n"
-            .to_string()
+         fn key_vec(kb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
+         \x20   let kvecs = params.k_dim / VEC;\n\
+         \x20   let cached = ldv2(kb + select(j, 0u, j == at) * kvecs + c);\n\
+         \x20   return select(cached, ldv6(o(6u) / VEC + bh * kvecs + c), j == at);\n\
+         }\n\
+         fn value_vec(vb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
+         \x20   let vvecs = params.v_dim / VEC;\n\
+         \x20   let cached = ldv3(vb + select(j, 0u, j == at) * vvecs + c);\n\
+         \x20   return select(cached, ldv7(o(7u) / VEC + bh * vvecs + c), j == at);\n\
+         }\n"
     } else {
-        String::new()
+        "fn append_rows(row: u32, bh: u32, kb: u32, vb: u32, lid: u32) -> u32 {\n\
+         \x20   return 0xffffffffu;\n\
+         }\n\
+         fn key_vec(kb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
+         \x20   return ldv2(kb + j * (params.k_dim / VEC) + c);\n\
+         }\n\
+         fn value_vec(vb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
+         \x20   return ldv3(vb + j * (params.v_dim / VEC) + c);\n\
+         }\n"
     };
-    ("APPEND", code)
+    ("APPEND", code.to_string())
 }
 
 /// `template` once per vec4 index `0..n`, with `#` replaced by the index.

@@ -213,9 +213,10 @@ pub(super) fn cached() -> Vec<Sample> {
 }
 
 /// Attention that first writes new keys and values into its cache: one query per head at a
-/// position inside the cache, at its last row, past it and negative (nothing written, as
-/// `IndexCopy` skips them), batches, grouped heads and several queries (which backends may
-/// run as the write and then the cached attention), each in place and not. Each head's cache
+/// position inside the cache, at its last row, past it, negative (nothing written, as
+/// `IndexCopy` skips them) and past a first pass of 256 keys, batches, grouped heads and
+/// several queries (which backends may run as the write and then the cached attention), each
+/// in place and not. Each head's cache
 /// fits the 64 KiB bindings of the small-binding test: an index copy does not split a head's
 /// rows, so a head past one binding is `Unsupported` there.
 pub(super) fn append() -> Vec<Sample> {
@@ -243,7 +244,7 @@ pub(super) fn append() -> Vec<Sample> {
             sample
         }
     };
-    let problems: [(Problem, &[i64]); 8] = [
+    let problems: [(Problem, &[i64]); 9] = [
         (p(true, [1, 4, 4, 1, 64, 64, 64]), &[37]),
         (p(true, [1, 12, 12, 1, 200, 64, 64]), &[199]),
         (p(true, [1, 2, 2, 1, 64, 16, 16]), &[100]),
@@ -252,6 +253,7 @@ pub(super) fn append() -> Vec<Sample> {
         (p(true, [1, 8, 2, 1, 50, 64, 64]), &[20]),
         (p(true, [2, 2, 2, 3, 24, 16, 16]), &[5, 6, 7]),
         (p(true, [1, 2, 2, 1, 30, 12, 12]), &[9]),
+        (p(true, [1, 1, 1, 1, 300, 16, 16]), &[280]),
     ];
     problems
         .into_iter()

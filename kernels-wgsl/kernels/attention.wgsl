@@ -217,9 +217,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // first: the first KEY_LOADS vectors of its key and VALUE_LOADS vectors of its slice's values,
 // which cover a pass of GPT-2's heads in 16 bits; longer rows load the rest four at a time.
 // Bindings: 1 q, 2 k, 3 v, 4 out, 5 positions; appending to the cache (AppendAttention, one
-// query per head), 6 and 7 the new key and value rows, which each workgroup stores into its
-// head's cache row and reads from the new rows, not back from the cache (attention.rs:
-// `append_code` generates `append_rows`, `key_vec` and `value_vec`).
+// query per head), 6 and 7 the new key and value rows, which each workgroup reads in place of
+// its head's cache row and stores there once it has read the cache (attention.rs:
+// `append_code` generates `appended_row`, `store_appended`, `key_vec` and `value_vec`).
 VECTOR_MATH
 var<workgroup> qk: array<f32, 256>;
 var<workgroup> pk: array<f32, 256>;
@@ -267,7 +267,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let bh = row / params.q_len;
         let kb = k_base(bh) / VEC;
         let vb = v_base(bh) / VEC;
-        let at = append_rows(row, bh, kb, vb, lid);
+        let at = appended_row(row);
         // The last row's reads of the query are done.
         workgroupBarrier();
         if (lid < dk) { qk[lid] = params.scale * ld1(o(1u) + row * dk + lid); }
@@ -371,6 +371,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 acc = acc * alpha + sum;
             }
         }
+        // Every thread has read what it reads of the cache (the last pass ends in a barrier).
+        store_appended(bh, kb, vb, lid, at);
         if (lid < dv) { st4(o(4u) + row * dv + lid, select(0.0, acc / l, l > 0.0)); }
         if (lid == 0u) { store_lse(row, select(-inf(), m + log(l), l > 0.0)); }
     }

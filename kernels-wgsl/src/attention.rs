@@ -730,40 +730,43 @@ fn visibility(positions: Option<DType>) -> String {
     )
 }
 
-/// The `forward_keys` functions that read the cache: `key_vec(kb, j, at, bh, c)` and
-/// `value_vec(vb, j, at, bh, c)`, vector `c` of key or value row `j`, and `append_rows(row, bh,
-/// kb, vb, lid)`, the cache row `at` that the row's new key and value go to. Where `append`
-/// (an `AppendAttention` of one query per head), the workgroup's first threads store binding
-/// 6's and 7's rows of head `bh` into its cache row at the query's position (positions past
-/// the cache store nothing), and the kernel reads row `at` from those new rows, not back from
-/// the cache, so no thread waits on the store or races it. Both rows are loaded and one
-/// selected, without a branch: a load in a branch is waited for where the branches meet.
-/// Otherwise `at` is `u32::MAX`, no row.
+/// The `forward_keys` functions around the cache: `key_vec(kb, j, at, bh, c)` and
+/// `value_vec(vb, j, at, bh, c)`, vector `c` of key or value row `j`; `appended_row(row)`, the
+/// cache row `at` that the row's new key and value go to; and `store_appended(bh, kb, vb, lid,
+/// at)`. Where `append` (an `AppendAttention` of one query per head), the kernel reads row
+/// `at` from the new rows (bindings 6 and 7), not from the cache, and the workgroup's first
+/// threads store them into the cache once every thread has read what it reads of the cache
+/// (positions past the cache store nothing): nothing waits on the store, and nothing races
+/// it. Both rows are loaded and one selected, without a branch: a load in a branch is waited
+/// for where the branches meet. Otherwise `at` is `u32::MAX`, no row.
 fn append_code(append: bool) -> (&'static str, String) {
     let code = if append {
-        "fn append_rows(row: u32, bh: u32, kb: u32, vb: u32, lid: u32) -> u32 {\n\
+        "fn appended_row(row: u32) -> u32 {\n\
          \x20   let at = position_of(row % params.q_len);\n\
-         \x20   if (at >= params.k_len) { return 0xffffffffu; }\n\
+         \x20   return select(0xffffffffu, at, at < params.k_len);\n\
+         }\n\
+         fn store_appended(bh: u32, kb: u32, vb: u32, lid: u32, at: u32) {\n\
+         \x20   if (at >= params.k_len) { return; }\n\
          \x20   let kvecs = params.k_dim / VEC;\n\
          \x20   let vvecs = params.v_dim / VEC;\n\
          \x20   if (lid < kvecs) { stv2(kb + at * kvecs + lid, ldv6(o(6u) / VEC + bh * kvecs + lid)); }\n\
          \x20   if (lid < vvecs) { stv3(vb + at * vvecs + lid, ldv7(o(7u) / VEC + bh * vvecs + lid)); }\n\
-         \x20   return at;\n\
          }\n\
          fn key_vec(kb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
          \x20   let kvecs = params.k_dim / VEC;\n\
-         \x20   let cached = ldv2(kb + select(j, 0u, j == at) * kvecs + c);\n\
+         \x20   let cached = ldv2(kb + j * kvecs + c);\n\
          \x20   return select(cached, ldv6(o(6u) / VEC + bh * kvecs + c), j == at);\n\
          }\n\
          fn value_vec(vb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
          \x20   let vvecs = params.v_dim / VEC;\n\
-         \x20   let cached = ldv3(vb + select(j, 0u, j == at) * vvecs + c);\n\
+         \x20   let cached = ldv3(vb + j * vvecs + c);\n\
          \x20   return select(cached, ldv7(o(7u) / VEC + bh * vvecs + c), j == at);\n\
          }\n"
     } else {
-        "fn append_rows(row: u32, bh: u32, kb: u32, vb: u32, lid: u32) -> u32 {\n\
+        "fn appended_row(row: u32) -> u32 {\n\
          \x20   return 0xffffffffu;\n\
          }\n\
+         fn store_appended(bh: u32, kb: u32, vb: u32, lid: u32, at: u32) {}\n\
          fn key_vec(kb: u32, j: u32, at: u32, bh: u32, c: u32) -> vec4<u32> {\n\
          \x20   return ldv2(kb + j * (params.k_dim / VEC) + c);\n\
          }\n\

@@ -216,9 +216,8 @@ pub(super) fn cached() -> Vec<Sample> {
 /// position inside the cache, at its last row, past it, negative (nothing written, as
 /// `IndexCopy` skips them) and past a first pass of 256 keys, batches, grouped heads and
 /// several queries (which backends may run as the write and then the cached attention), each
-/// in place and not. Each head's cache
-/// fits the 64 KiB bindings of the small-binding test: an index copy does not split a head's
-/// rows, so a head past one binding is `Unsupported` there.
+/// in place and not. Each head's cache fits the 64 KiB bindings of the small-binding test: an
+/// index copy does not split a head's rows, so a head past one binding is `Unsupported` there.
 pub(super) fn append() -> Vec<Sample> {
     let case = |pr: Problem, positions: &[i64], in_place: bool| {
         let values = positions.iter().map(|&i| i as f64).collect();

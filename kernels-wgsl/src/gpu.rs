@@ -67,7 +67,9 @@ pub struct TensorMatmul {
 impl TensorMatmul {
     /// Output rows and columns per workgroup, and k per step. On the H200 at 4096^3 (f16,
     /// TFLOP/s): 256 x 128 x 32 147, 128 x 256 x 32 144, 128 x 128 x 64 136, 128 x 256 x 64
-    /// 115, 128 x 256 x 16 108, 256 x 256 x 16 97, 256 x 128 x 64 96.
+    /// 115, 128 x 256 x 16 108, 256 x 256 x 16 97, 256 x 128 x 64 96. Other tiles won on
+    /// some of GPT-2's shapes on the H100, by up to a fifth, but bf16 training moved by less
+    /// than 1% with them (`benches/README.md`).
     pub const TILE: [u32; 3] = [256, 128, 32];
     /// The tile of [`TensorMatmul::narrow`] kernels, for outputs of at most its width:
     /// attention's products over its head dimension.

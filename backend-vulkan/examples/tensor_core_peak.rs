@@ -1,9 +1,10 @@
 //! The ceiling of f16 products on a device's tensor cores through Vulkan, as vkpeak's
 //! `fp16-matrix` measures it: every subgroup of many workgroups multiplies fragments it
 //! already holds (16x16x16 f16 into f32, `VK_KHR_cooperative_matrix`) in a long loop, with no
-//! memory traffic beside a first load and a last store. `staged` rows load each step's
-//! fragments from workgroup memory first, as a tiled matmul does. A matmul kernel cannot beat
-//! the first figure; the second bounds one that loads its fragments from workgroup memory.
+//! memory traffic beside a first load and a last store (`held`). `staged` rows load each
+//! step's fragments from workgroup memory first, as a tiled matmul does; `direct` rows load
+//! them from the buffer, through the caches. A matmul kernel cannot beat the first figure;
+//! the others bound one that feeds its multiplications in those ways.
 //!
 //! `cargo run --release -p tessera-vulkan --example tensor_core_peak [device index]`
 
@@ -23,6 +24,11 @@ const SHAPES: [(u32, u32); 6] = [(1, 1), (2, 2), (2, 4), (4, 2), (4, 4), (8, 2)]
 /// Halves between rows of the staged fragments: 64 k and 8 of padding, so that the 16 rows
 /// of a fragment start in different banks.
 const STAGE_STRIDE: u32 = 72;
+/// The k walked by [`Feed::Direct`] fragments, and the halves between their rows.
+const DIRECT_K: u32 = 1024;
+const DIRECT_STRIDE: u32 = DIRECT_K + 8;
+/// Halves of the source buffer: [`DIRECT_K`] rows of [`DIRECT_STRIDE`].
+const SOURCE_HALVES: u32 = DIRECT_K * DIRECT_STRIDE;
 
 fn main() -> Result<(), Box<dyn Error>> {
     let index: usize = std::env::args().nth(1).map_or(Ok(0), |a| a.parse())?;
@@ -114,23 +120,36 @@ fn run_all(
 ) -> Result<(), Box<dyn Error>> {
     println!("{name:?}: {GROUPS} workgroups of {THREADS}, {STEPS} steps");
     println!("{:>8} {:>10} {:>10}", "kernel", "fragments", "TFLOP/s");
-    for staged in [false, true] {
+    for feed in [Feed::Held, Feed::Staged, Feed::Direct] {
         for (rows, cols) in SHAPES {
-            let source = kernel(rows, cols, staged);
+            let source = kernel(rows, cols, feed);
             let words = spirv(&source)?;
             let outputs = (GROUPS * THREADS / 32 * rows * cols * 256) as u64;
             let seconds = time_kernel(instance, pd, device, family, &words, outputs)?;
             let products = (GROUPS * THREADS / 32) as f64 * (rows * cols * STEPS) as f64;
             let tflops = products * 2.0 * 16.0 * 16.0 * 16.0 / seconds / 1e12;
-            let label = if staged { "staged" } else { "held" };
+            let label = format!("{feed:?}").to_lowercase();
             println!("{label:>8} {:>10} {tflops:>10.1}", format!("{rows}x{cols}"));
         }
     }
     Ok(())
 }
 
+/// Where each step's fragments come from.
+#[derive(Clone, Copy, Debug)]
+enum Feed {
+    /// Registers: loaded once, before the loop.
+    Held,
+    /// Workgroup memory, rows [`STAGE_STRIDE`] halves apart.
+    Staged,
+    /// The buffer, walking [`DIRECT_K`] of k in rows [`DIRECT_STRIDE`] apart (A: 128 rows,
+    /// B: 64 columns), more than a multiprocessor's L1 holds, so that they come from L2 as a
+    /// matmul's operands would; the workgroup's subgroups read the same fragments.
+    Direct,
+}
+
 /// The WGSL kernel: each subgroup's `rows x cols` accumulators, `STEPS` products each.
-fn kernel(rows: u32, cols: u32, staged: bool) -> String {
+fn kernel(rows: u32, cols: u32, feed: Feed) -> String {
     let mut s = String::from(
         "enable f16;\nenable wgpu_cooperative_matrix;\n\
          @group(0) @binding(0) var<storage, read> src: array<f16>;\n\
@@ -158,17 +177,22 @@ fn kernel(rows: u32, cols: u32, staged: bool) -> String {
         );
     }
     s += &format!("for (var i = 0u; i < {STEPS}u; i++) {{\n");
-    if staged {
-        s += "let k = (i & 3u) * 16u;\n";
+    let (array, stride, k_mask) = match feed {
+        Feed::Held => ("", 0, 0),
+        Feed::Staged => ("stage", STAGE_STRIDE, 3),
+        Feed::Direct => ("src", DIRECT_STRIDE, DIRECT_K / 16 - 1),
+    };
+    if !array.is_empty() {
+        s += &format!("let k = (i & {k_mask}u) * 16u;\n");
         for r in 0..rows {
             s += &format!(
-                "a{r} = coopLoad<coop_mat16x16<f16, A>>(&stage[{} + k], {STAGE_STRIDE}u);\n",
-                r * 16 * STAGE_STRIDE
+                "a{r} = coopLoad<coop_mat16x16<f16, A>>(&{array}[{} + k], {stride}u);\n",
+                r * 16 * stride
             );
         }
         for c in 0..cols {
             s += &format!(
-                "b{c} = coopLoad<coop_mat16x16<f16, B>>(&stage[k * {STAGE_STRIDE}u + {}], {STAGE_STRIDE}u);\n",
+                "b{c} = coopLoad<coop_mat16x16<f16, B>>(&{array}[k * {stride}u + {}], {stride}u);\n",
                 c * 16
             );
         }
@@ -255,13 +279,14 @@ fn time_kernel(
     words: &[u32],
     outputs: u64,
 ) -> Result<f64, Box<dyn Error>> {
-    let (src, src_mem) = buffer(instance, pd, device, 32768)?;
+    let src_bytes = 2 * SOURCE_HALVES as u64;
+    let (src, src_mem) = buffer(instance, pd, device, src_bytes)?;
     let (dst, dst_mem) = buffer(instance, pd, device, outputs * 4)?;
-    // SAFETY: `src_mem` is host-visible, bound to `src` and mapped over its 32,768 bytes,
-    // which hold 16,384 f16 values (0x3c00 is 1.0).
+    // SAFETY: `src_mem` is host-visible, bound to `src` and mapped over its `src_bytes`,
+    // which hold SOURCE_HALVES f16 values (0x3c00 is 1.0).
     unsafe {
-        let p = device.map_memory(src_mem, 0, 32768, vk::MemoryMapFlags::empty())? as *mut u16;
-        std::slice::from_raw_parts_mut(p, 16384).fill(0x3c00);
+        let p = device.map_memory(src_mem, 0, src_bytes, vk::MemoryMapFlags::empty())?;
+        std::slice::from_raw_parts_mut(p as *mut u16, SOURCE_HALVES as usize).fill(0x3c00);
         device.unmap_memory(src_mem);
     }
     let bindings: Vec<_> = (0..2)
@@ -397,10 +422,10 @@ mod tests {
     /// Every variant is a kernel naga validates and writes as SPIR-V.
     #[test]
     fn every_variant_compiles() {
-        for staged in [false, true] {
+        for feed in [Feed::Held, Feed::Staged, Feed::Direct] {
             for (rows, cols) in SHAPES {
-                let words = spirv(&kernel(rows, cols, staged))
-                    .unwrap_or_else(|e| panic!("{rows}x{cols}, staged {staged}: {e}"));
+                let words = spirv(&kernel(rows, cols, feed))
+                    .unwrap_or_else(|e| panic!("{rows}x{cols}, {feed:?}: {e}"));
                 assert_eq!(words[0], 0x0723_0203, "SPIR-V's magic number");
             }
         }

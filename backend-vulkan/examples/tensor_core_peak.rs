@@ -118,7 +118,12 @@ fn run_all(
     family: u32,
     name: &CStr,
 ) -> Result<(), Box<dyn Error>> {
-    println!("{name:?}: {GROUPS} workgroups of {THREADS}, {STEPS} steps");
+    // SAFETY: `pd` came from this instance.
+    let limits = unsafe { instance.get_physical_device_properties(pd) }.limits;
+    println!(
+        "{name:?}: {GROUPS} workgroups of {THREADS}, {STEPS} steps; workgroup memory up to {} bytes",
+        limits.max_compute_shared_memory_size
+    );
     println!("{:>8} {:>10} {:>10}", "kernel", "fragments", "TFLOP/s");
     for feed in [Feed::Held, Feed::Staged, Feed::Direct] {
         for (rows, cols) in SHAPES {

@@ -19,10 +19,13 @@
 //! 4096^3 in f16, where the same driver's cooperative matrices multiply at about 610 held in
 //! registers and 520 fed from padded workgroup memory, and at most 137 loaded straight from
 //! memory (`examples/tensor_core_peak.rs`). Longer loop bodies and tiles that do not clamp
-//! ran slower, other tiles no faster (`benches/README.md`). A faster kernel stages the
-//! operands itself: 16-byte loads into padded workgroup tiles of two stages, multiplied as
-//! subgroup-scope fragments. That needs SPIR-V too: naga types a cooperative load by the
-//! scalar its pointer points to, so WGSL cannot store a tile as words and load it as halves.
+//! ran slower, other tiles no faster (`benches/README.md`). A kernel staging the operands
+//! itself (16-byte loads into padded workgroup tiles of two stages, 128 x 128 x 32, each
+//! subgroup multiplying 4 x 2 subgroup-scope fragments) passed conformance but reached 100
+//! at 4096^3: Vulkan lets a workgroup have 48 KiB on the H100, too little for deeper
+//! steps, where the driver's own staging is not bound by it. (WGSL cannot express that
+//! kernel at all: naga types a cooperative load by the scalar its pointer points to, so a
+//! tile stored as words cannot be loaded as halves.)
 
 use std::collections::HashMap;
 

@@ -53,17 +53,17 @@
 //! (`pipelines.rs`) but in kernels marked `INDICES_IN_RANGE`, whose indices are in range by
 //! construction (the matmuls: the tensor-core one went from 93 to 128 TFLOP/s without them).
 //!
-//! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H200,
-//! matmul 4096^3 at 41.0 (f32), 147 (f16) and 146 (bf16) TFLOP/s and GPT-2 124M training at
-//! 0.73x PyTorch eager in f32 and 0.46x in bf16; on an H100, decoding 1,551 tokens/s in f16
-//! (short of the issue's 2,000: the step's 106 kernels each wait on memory a few times, and
-//! fusing the norms into the products did not help).
+//! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H100,
+//! GPT-2 124M training at 0.83x PyTorch eager in f32 and 0.55x in bf16, decoding at 1,765
+//! tokens/s in f16 (short of the issue's 2,000: each of a step's 66 waits between dependent
+//! launches costs about 5 us on NVIDIA's driver), matmul 4096^3 at 41 (f32) and 150 (f16)
+//! TFLOP/s.
 //!
 //! Not yet here (the backend's issue lists the targets): a tensor-core matmul near the
-//! issue's 300 TFLOP/s. The workgroup-scope kernel's tile sizes were swept (see
-//! `TensorMatmul::TILE`); what the driver makes of them is the limit now, so the next attempt
-//! is a subgroup-scope kernel with its own double-buffered staging. Also next: attention's
-//! forward as products on it.
+//! issue's 300 TFLOP/s. The driver's cooperative matrices multiply at about 610 TFLOP/s on the
+//! H100 (`examples/tensor_core_peak.rs`); the workgroup-scope kernel's tiles and loops were
+//! swept, and a kernel staging its operands itself was tried (`tensor_matmul.rs`), all below
+//! the driver-staged 150. Also next: attention's forward as products on it.
 
 mod bfloat16;
 mod context;

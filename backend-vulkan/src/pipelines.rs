@@ -13,9 +13,15 @@
 //! (`INDICES_IN_RANGE`). A kernel marked `F16_IS_BF16` gets its 16-bit float type re-encoded
 //! as bfloat16 (`bfloat16.rs`). The driver's compiled pipelines are kept on disk between runs
 //! (`driver_cache.rs`).
+//!
+//! With `TESSERA_VULKAN_SPIRV_DIR` set, every module is also written into that folder as it
+//! is compiled, named by a hash of its words, for a validator (`spirv-val`) or a
+//! disassembler; CI validates every module the test suite compiles on lavapipe this way.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ash::vk;
 use naga::back::spv;
@@ -229,6 +235,7 @@ impl Pipelines {
                 (words, writes, true)
             }
         };
+        write_module(&words)?;
         let layout = self.layouts.layout(bindings, immediate)?;
         let shared = &self.layouts.shared;
         let device = &shared.device;
@@ -297,6 +304,28 @@ impl Drop for Layouts {
             device.destroy_descriptor_set_layout(self.param_set, None);
         }
     }
+}
+
+/// Writes `words` into the folder `TESSERA_VULKAN_SPIRV_DIR` names, if it names one, as
+/// `<hash of the words>.spv`.
+fn write_module(words: &[u32]) -> Result<()> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        std::env::var_os("TESSERA_VULKAN_SPIRV_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    });
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    words.hash(&mut hasher);
+    let path = dir.join(format!("{:016x}.spv", hasher.finish()));
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    std::fs::write(&path, bytes).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// WGSL to validated SPIR-V words, with whether the kernel may write each of its `bindings`

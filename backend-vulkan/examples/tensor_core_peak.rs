@@ -8,11 +8,12 @@
 //!
 //! `cargo run --release -p tessera-vulkan --example tensor_core_peak [device index]`
 
-use std::error::Error;
 use std::ffi::CStr;
-use std::time::Instant;
 
 use ash::vk;
+use probe::Outcome;
+
+mod probe;
 
 /// Workgroups per dispatch (many waves on any GPU) and threads per workgroup.
 const GROUPS: u32 = 132 * 16;
@@ -30,29 +31,12 @@ const DIRECT_STRIDE: u32 = DIRECT_K + 8;
 /// Halves of the source buffer: [`DIRECT_K`] rows of [`DIRECT_STRIDE`].
 const SOURCE_HALVES: u32 = DIRECT_K * DIRECT_STRIDE;
 
-fn main() -> Result<(), Box<dyn Error>> {
+fn main() -> Outcome<()> {
     let index: usize = std::env::args().nth(1).map_or(Ok(0), |a| a.parse())?;
-    // SAFETY: loading the Vulkan loader runs its initialization; nothing else is loaded yet.
-    let entry = unsafe { ash::Entry::load() }.map_err(|e| format!("no Vulkan loader: {e}"))?;
-    let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_3);
-    // SAFETY: the create info and what it points to live through the call.
-    let instance = unsafe {
-        entry.create_instance(
-            &vk::InstanceCreateInfo::default().application_info(&app),
-            None,
-        )
-    }?;
-    let result = measure(&entry, &instance, index);
-    // SAFETY: every object created from the instance was destroyed by `measure`.
-    unsafe { instance.destroy_instance(None) };
-    result
+    probe::with_instance(|entry, instance| measure(entry, instance, index))
 }
 
-fn measure(
-    entry: &ash::Entry,
-    instance: &ash::Instance,
-    index: usize,
-) -> Result<(), Box<dyn Error>> {
+fn measure(entry: &ash::Entry, instance: &ash::Instance, index: usize) -> Outcome<()> {
     // SAFETY: the instance is alive.
     let devices = unsafe { instance.enumerate_physical_devices() }?;
     let pd = *devices.get(index).ok_or("no such Vulkan device")?;
@@ -80,12 +64,7 @@ fn measure(
     if !offered {
         return Err(format!("{name:?} has no 16x16x16 f16 -> f32 cooperative matrices").into());
     }
-    // SAFETY: `pd` came from this instance.
-    let families = unsafe { instance.get_physical_device_queue_family_properties(pd) };
-    let family = families
-        .iter()
-        .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-        .ok_or("no compute queue")? as u32;
+    let family = probe::compute_family(instance, pd)?;
     let priorities = [1.0f32];
     let queues = [vk::DeviceQueueCreateInfo::default()
         .queue_family_index(family)
@@ -117,18 +96,19 @@ fn run_all(
     device: &ash::Device,
     family: u32,
     name: &CStr,
-) -> Result<(), Box<dyn Error>> {
+) -> Outcome<()> {
     // SAFETY: `pd` came from this instance.
     let limits = unsafe { instance.get_physical_device_properties(pd) }.limits;
     println!(
-        "{name:?}: {GROUPS} workgroups of {THREADS}, {STEPS} steps; workgroup memory up to {} bytes",
-        limits.max_compute_shared_memory_size
+        "{name:?}: {GROUPS} workgroups of {THREADS}, {STEPS} steps; workgroup memory up to {} bytes; buffers in device memory: {}",
+        limits.max_compute_shared_memory_size,
+        probe::device_local(instance, pd)
     );
     println!("{:>8} {:>10} {:>10}", "kernel", "fragments", "TFLOP/s");
     for feed in [Feed::Held, Feed::Staged, Feed::Direct] {
         for (rows, cols) in SHAPES {
             let source = kernel(rows, cols, feed);
-            let words = spirv(&source)?;
+            let words = probe::spirv(&source)?;
             let outputs = (GROUPS * THREADS / 32 * rows * cols * 256) as u64;
             let seconds = time_kernel(instance, pd, device, family, &words, outputs)?;
             let products = (GROUPS * THREADS / 32) as f64 * (rows * cols * STEPS) as f64;
@@ -220,61 +200,6 @@ fn kernel(rows: u32, cols: u32, feed: Feed) -> String {
     s
 }
 
-fn spirv(source: &str) -> Result<Vec<u32>, Box<dyn Error>> {
-    use naga::back::spv;
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| format!("{e:?}"))?;
-    let options = spv::Options {
-        lang_version: (1, 5),
-        ..spv::Options::default()
-    };
-    let pipeline = spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
-    };
-    Ok(spv::write_vec(&module, &info, &options, Some(&pipeline))?)
-}
-
-/// A host-visible buffer of `bytes` and its memory.
-fn buffer(
-    instance: &ash::Instance,
-    pd: vk::PhysicalDevice,
-    device: &ash::Device,
-    bytes: u64,
-) -> Result<(vk::Buffer, vk::DeviceMemory), Box<dyn Error>> {
-    let info = vk::BufferCreateInfo::default()
-        .size(bytes)
-        .usage(vk::BufferUsageFlags::STORAGE_BUFFER);
-    // SAFETY: the device is alive and the create info valid.
-    let buffer = unsafe { device.create_buffer(&info, None) }?;
-    // SAFETY: `buffer` belongs to `device`.
-    let needs = unsafe { device.get_buffer_memory_requirements(buffer) };
-    // SAFETY: `pd` came from this instance.
-    let memory = unsafe { instance.get_physical_device_memory_properties(pd) };
-    let wanted = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-    let kind = (0..memory.memory_type_count)
-        .find(|&i| {
-            needs.memory_type_bits & (1 << i) != 0
-                && memory.memory_types[i as usize]
-                    .property_flags
-                    .contains(wanted)
-        })
-        .ok_or("no host-visible memory")?;
-    let alloc = vk::MemoryAllocateInfo::default()
-        .allocation_size(needs.size)
-        .memory_type_index(kind);
-    // SAFETY: the allocate info names a memory type of this device.
-    let mem = unsafe { device.allocate_memory(&alloc, None) }?;
-    // SAFETY: `mem` is unbound, of a type the buffer accepts, and large enough.
-    unsafe { device.bind_buffer_memory(buffer, mem, 0) }?;
-    Ok((buffer, mem))
-}
-
 /// The shortest dispatch's wall time, in seconds.
 fn time_kernel(
     instance: &ash::Instance,
@@ -283,10 +208,10 @@ fn time_kernel(
     family: u32,
     words: &[u32],
     outputs: u64,
-) -> Result<f64, Box<dyn Error>> {
+) -> Outcome<f64> {
     let src_bytes = 2 * SOURCE_HALVES as u64;
-    let (src, src_mem) = buffer(instance, pd, device, src_bytes)?;
-    let (dst, dst_mem) = buffer(instance, pd, device, outputs * 4)?;
+    let (src, src_mem) = probe::buffer(instance, pd, device, src_bytes)?;
+    let (dst, dst_mem) = probe::buffer(instance, pd, device, outputs * 4)?;
     // SAFETY: `src_mem` is host-visible, bound to `src` and mapped over its `src_bytes`,
     // which hold SOURCE_HALVES f16 values (0x3c00 is 1.0).
     unsafe {
@@ -294,82 +219,14 @@ fn time_kernel(
         std::slice::from_raw_parts_mut(p as *mut u16, SOURCE_HALVES as usize).fill(0x3c00);
         device.unmap_memory(src_mem);
     }
-    let bindings: Vec<_> = (0..2)
-        .map(|b| {
-            vk::DescriptorSetLayoutBinding::default()
-                .binding(b)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .descriptor_count(1)
-                .stage_flags(vk::ShaderStageFlags::COMPUTE)
-        })
-        .collect();
-    // SAFETY: every create info below lives through its call, and each object is destroyed
-    // once the device is idle, at the end of this function.
+    let (set_layout, pipeline_layout) =
+        probe::layouts(device, 2, vk::DescriptorSetLayoutCreateFlags::empty(), 0)?;
+    let (pipeline, module) = probe::pipeline(device, words, pipeline_layout)?;
+    let (pool, set) = probe::descriptor_set(device, set_layout, &[src, dst])?;
+    let (commands, cb) = probe::command_buffer(device, family)?;
+    // SAFETY: every object used below belongs to `device` and is destroyed once the device
+    // is idle, at the end of this function; `cb` is recorded before it is submitted.
     unsafe {
-        let set_layout = device.create_descriptor_set_layout(
-            &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
-            None,
-        )?;
-        let layouts = [set_layout];
-        let pipeline_layout = device.create_pipeline_layout(
-            &vk::PipelineLayoutCreateInfo::default().set_layouts(&layouts),
-            None,
-        )?;
-        let module = device
-            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(words), None)?;
-        let stage = vk::PipelineShaderStageCreateInfo::default()
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(c"main");
-        let info = vk::ComputePipelineCreateInfo::default()
-            .stage(stage)
-            .layout(pipeline_layout);
-        let pipeline = device
-            .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
-            .map_err(|(_, e)| e)?[0];
-        let sizes = [vk::DescriptorPoolSize::default()
-            .ty(vk::DescriptorType::STORAGE_BUFFER)
-            .descriptor_count(2)];
-        let pool = device.create_descriptor_pool(
-            &vk::DescriptorPoolCreateInfo::default()
-                .max_sets(1)
-                .pool_sizes(&sizes),
-            None,
-        )?;
-        let set = device.allocate_descriptor_sets(
-            &vk::DescriptorSetAllocateInfo::default()
-                .descriptor_pool(pool)
-                .set_layouts(&layouts),
-        )?[0];
-        let infos = [
-            [vk::DescriptorBufferInfo::default()
-                .buffer(src)
-                .range(vk::WHOLE_SIZE)],
-            [vk::DescriptorBufferInfo::default()
-                .buffer(dst)
-                .range(vk::WHOLE_SIZE)],
-        ];
-        let writes: Vec<_> = infos
-            .iter()
-            .enumerate()
-            .map(|(b, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .dst_binding(b as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(info)
-            })
-            .collect();
-        device.update_descriptor_sets(&writes, &[]);
-        let commands = device.create_command_pool(
-            &vk::CommandPoolCreateInfo::default().queue_family_index(family),
-            None,
-        )?;
-        let cb = device.allocate_command_buffers(
-            &vk::CommandBufferAllocateInfo::default()
-                .command_pool(commands)
-                .command_buffer_count(1),
-        )?[0];
         device.begin_command_buffer(cb, &vk::CommandBufferBeginInfo::default())?;
         device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline);
         device.cmd_bind_descriptor_sets(
@@ -382,25 +239,11 @@ fn time_kernel(
         );
         device.cmd_dispatch(cb, GROUPS, 1, 1);
         device.end_command_buffer(cb)?;
-        let queue = device.get_device_queue(family, 0);
-        let fence = device.create_fence(&vk::FenceCreateInfo::default(), None)?;
-        // The best of at least a second of dispatches: the first ones run at lower clocks.
-        let mut best = f64::INFINITY;
-        let started = Instant::now();
-        while started.elapsed().as_secs_f64() < 1.0 {
-            let cbs = [cb];
-            let submit = vk::SubmitInfo::default().command_buffers(&cbs);
-            let start = Instant::now();
-            device.queue_submit(queue, &[submit], fence)?;
-            device.wait_for_fences(&[fence], true, u64::MAX)?;
-            best = best.min(start.elapsed().as_secs_f64());
-            device.reset_fences(&[fence])?;
-        }
+        let best = probe::best_submission(device, device.get_device_queue(family, 0), cb)?;
         let p = device.map_memory(dst_mem, 0, 4, vk::MemoryMapFlags::empty())? as *const f32;
         let first = *p;
         device.unmap_memory(dst_mem);
         device.device_wait_idle()?;
-        device.destroy_fence(fence, None);
         device.destroy_command_pool(commands, None);
         device.destroy_descriptor_pool(pool, None);
         device.destroy_pipeline(pipeline, None);
@@ -429,7 +272,7 @@ mod tests {
     fn every_variant_compiles() {
         for feed in [Feed::Held, Feed::Staged, Feed::Direct] {
             for (rows, cols) in SHAPES {
-                let words = spirv(&kernel(rows, cols, feed))
+                let words = probe::spirv(&kernel(rows, cols, feed))
                     .unwrap_or_else(|e| panic!("{rows}x{cols}, {feed:?}: {e}"));
                 assert_eq!(words[0], 0x0723_0203, "SPIR-V's magic number");
             }

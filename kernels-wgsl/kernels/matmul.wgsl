@@ -367,23 +367,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 // @kernel rows_wide
 // Few rows with `a` and `b` contiguous in k and read as 16-byte vectors (VEC elements each,
-// `dotv` their dot product in f32; source.rs), on devices with subgroups: a subgroup per output
-// column, its lanes taking every width-th vector of the column's k, UNROLL of them per step
-// (loaded before any is summed), their sums met by one subgroupAdd (in the device's fixed
-// order, so results are deterministic). A subgroup's load moves 16 bytes a lane where `rows`
-// moves one element, and bytes in flight are what a matrix-vector product waits on. Small
-// workgroups spread narrow matrices over every multiprocessor. A normalized product takes the
-// norm's sums in the same pass over k and applies the norm to each column's sum. The
-// upper-case parts are generated for M rows, the operands' dtype, the epilogue and the norm
-// (matmul.rs).
+// `dotv` their dot product in f32; source.rs), on devices with subgroups: a few subgroups per
+// output column (fewer where a workgroup has fewer), each taking its share of the column's k,
+// its lanes taking every width-th vector of it, UNROLL of them per step (loaded before any is
+// summed); a subgroup's sums meet by subgroupAdd (in the device's fixed order, so results are
+// deterministic), and split subgroups' in workgroup memory. A subgroup's load moves 16
+// bytes a lane where `rows` moves one element, and bytes in flight are what a matrix-vector
+// product waits on. Small workgroups spread narrow matrices over every multiprocessor. A
+// normalized product takes the norm's sums in the same pass over k and applies the norm to
+// each column's sum. The upper-case parts are generated for M rows, the operands' dtype, the
+// walk over k, the epilogue and the norm (matmul.rs).
 VECTOR_MATH
-@compute @workgroup_size(64)
+PARTIAL_DECL
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) sgs: u32, @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
     let m = params.m;
     let n = params.n;
     let kv = params.k / VEC;
     let sam = params.a_row_stride / VEC;
     let sbn = params.b_col_stride / VEC;
+    let parts = min(PARTS_U, sgs);
+    let cols = sgs / parts;
+    let part = sg % parts;
+    let share = (kv + parts - 1u) / parts;
+    let kbegin = min(part * share, kv);
+    let kend = min(kbegin + share, kv);
     for (var z = wid.z; z < params.batch; z += nwg.z) {
         let zo = batch_offsets(z);
         let a_base = (params.a_offset + zo.x) / VEC;
@@ -391,11 +399,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let r_base = params.res_offset + zo.z;
         let o_base = params.out_offset + z * m * n;
         NORM_SETUP
-        for (var gn = wid.x * sgs + sg; gn < n; gn += nwg.x * sgs) {
+        // Every subgroup of a workgroup walks the same columns' steps (the split sums meet
+        // behind barriers); one past the last column reads the last and stores nothing.
+        for (var g0 = wid.x * cols; g0 < n; g0 += nwg.x * cols) {
+            let live = g0 + sg / parts < n;
+            let gn = min(g0 + sg / parts, n - 1u);
             let bn = b_base + gn * sbn;
             EARLY
             ZERO
-            for (var kk = lane; kk < kv; kk += UNROLL_U * width) {
+            for (var kk = kbegin + lane; kk < kend; kk += UNROLL_U * width) {
                 MACS
             }
             FINISH

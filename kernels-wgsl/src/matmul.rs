@@ -173,11 +173,53 @@ fn wide_rows(gpu: &dyn Gpu, a: &TensorRef<'_>, b: &TensorRef<'_>) -> bool {
         && wide_along(gpu, b, r - 2).is_some()
 }
 
-/// Vectors of k each lane of the `rows_wide` kernel loads at once: every load of a step is
-/// issued before any sum waits on one, so a product over a short k (decoding's 768) waits on
-/// memory once, not once per vector. (Unrolling a longer k, 3,072, into one step of 12 made
-/// decoding's down projections slower on the H100: 9.8 against about 9.2 us.)
+/// The most vectors of k each lane of the `rows_wide` kernel loads at once: every load of a
+/// step is issued before any sum waits on one, so a product over a short k (decoding's 768)
+/// waits on memory once, not once per vector. (Unrolling a longer k, 3,072, into one step of
+/// 12 made decoding's down projections slower on the H100: 9.8 against about 9.2 us.)
 const WIDE_ROWS_UNROLL: usize = 4;
+
+/// The most subgroups of a `rows_wide` workgroup that split one column's k between them.
+const WIDE_ROWS_PARTS: usize = 4;
+
+/// The most subgroups a `rows_wide` workgroup may have (of 256 threads, subgroups of 4 or
+/// more lanes): the rows of its workgroup memory for split sums.
+const WIDE_ROWS_MAX_SUBGROUPS: usize = 64;
+
+/// How a `rows_wide` kernel walks k: `parts` subgroups to a column, each taking its share of k
+/// in steps of `unroll` vectors a lane.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct WideRows {
+    parts: usize,
+    unroll: usize,
+}
+
+impl WideRows {
+    /// The walk for a k of `vectors` 16-byte vectors, chosen for subgroups of 32: a k that
+    /// takes one step of at most [`WIDE_ROWS_UNROLL`] vectors a lane runs on one subgroup a
+    /// column, its step no longer than k needs (loads past k are clamped and count for
+    /// nothing, but they cost as much as any: decoding's 768-long products took one step of
+    /// 4 for 3 vectors a lane, and decoded 1,760 tokens/s on the H100 against 1,858 with steps
+    /// of 3). A longer k is split between up to [`WIDE_ROWS_PARTS`] subgroups, whose sums
+    /// meet in workgroup memory: each waits on memory once where one subgroup would wait
+    /// once a step. A normalized product's k is not split (its norm takes sums over all of k
+    /// before the product's).
+    fn for_k(vectors: usize, normed: bool) -> WideRows {
+        let steps = vectors.div_ceil(32 * WIDE_ROWS_UNROLL).max(1);
+        let parts = if normed {
+            1
+        } else {
+            steps.next_power_of_two().min(WIDE_ROWS_PARTS)
+        };
+        let unroll = vectors.div_ceil(32 * parts).clamp(1, WIDE_ROWS_UNROLL);
+        WideRows { parts, unroll }
+    }
+
+    /// Threads a workgroup: two columns of subgroups of 32.
+    fn threads(self) -> usize {
+        64 * self.parts
+    }
+}
 
 /// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`,
 /// their `a` normalized by `norm` where given ([`NORM_MATH`]). A step's loads past k read the
@@ -186,6 +228,7 @@ const WIDE_ROWS_UNROLL: usize = 4;
 /// wait alongside the first step's.
 fn wide_rows_code(
     m: usize,
+    walk: WideRows,
     dtype: DType,
     epilogue: &Epilogue,
     norm: Option<NormKind>,
@@ -195,15 +238,15 @@ fn wide_rows_code(
             .map(|r| t.replace('#', &r.to_string()))
             .collect::<String>()
     };
-    let steps = |f: &dyn Fn(usize) -> String| (0..WIDE_ROWS_UNROLL).map(f).collect::<Vec<_>>();
+    let steps = |f: &dyn Fn(usize) -> String| (0..walk.unroll).map(f).collect::<Vec<_>>();
     let mut loads = steps(&|j| {
-        format!("let i{j} = kk + {j}u * width;\nlet w{j} = ldv2(bn + min(i{j}, kv - 1u));\n")
+        format!("let i{j} = kk + {j}u * width;\nlet w{j} = ldv2(bn + min(i{j}, kend - 1u));\n")
     })
     .concat();
-    let a_at = |j: usize| format!("ldv1(a_base + #u * sam + min(i{j}, kv - 1u))");
+    let a_at = |j: usize| format!("ldv1(a_base + #u * sam + min(i{j}, kend - 1u))");
     let (setup, zero, macs, sums) = match norm {
         None => {
-            let terms = steps(&|j| format!("select(0.0, dotv({}, w{j}), i{j} < kv)", a_at(j)));
+            let terms = steps(&|j| format!("select(0.0, dotv({}, w{j}), i{j} < kend)", a_at(j)));
             (
                 String::new(),
                 each("var acc# = 0.0;\n"),
@@ -215,13 +258,13 @@ fn wide_rows_code(
             let layer = kind == NormKind::Layer;
             loads += &steps(&|j| {
                 let shift = if layer {
-                    format!("let h{j} = ldv4(ns + min(i{j}, kv - 1u));\n")
+                    format!("let h{j} = ldv4(ns + min(i{j}, kend - 1u));\n")
                 } else {
                     String::new()
                 };
                 format!(
-                    "let on{j} = f32(i{j} < kv);\n\
-                     let g{j} = ldv3(nw + min(i{j}, kv - 1u));\n{shift}"
+                    "let on{j} = f32(i{j} < kend);\n\
+                     let g{j} = ldv3(nw + min(i{j}, kend - 1u));\n{shift}"
                 )
             })
             .concat();
@@ -260,22 +303,46 @@ fn wide_rows_code(
     };
     let (early, early_row, late) = epilogue.early_late();
     let store = &epilogue.store;
+    let put =
+        |sum: &str| format!("{{\nvar v = {sum};\n{late}{store}(o_base + #u * n + gn, v);\n}}\n");
+    // One subgroup's sums are the column's; split subgroups' meet in workgroup memory, where
+    // the column's first subgroup adds them in order (so results are deterministic).
+    let (partial_decl, finish) = if walk.parts == 1 {
+        (
+            String::new(),
+            format!("if (lane == 0u && live) {{\n{}}}\n", each(&put("s#"))),
+        )
+    } else {
+        let words = m * WIDE_ROWS_MAX_SUBGROUPS;
+        let sum = "partial[#u * SUBGROUPS + sg] + partial[#u * SUBGROUPS + sg + 1u]".to_string()
+            + &(2..walk.parts)
+                .map(|p| format!(" + partial[#u * SUBGROUPS + sg + {p}u]"))
+                .collect::<String>();
+        let sum = sum.replace("SUBGROUPS", &format!("{WIDE_ROWS_MAX_SUBGROUPS}u"));
+        (
+            format!("var<workgroup> partial: array<f32, {words}>;\n"),
+            format!(
+                "if (lane == 0u) {{\n{}}}\nworkgroupBarrier();\n\
+                 if (lane == 0u && part == 0u && live) {{\n{}}}\nworkgroupBarrier();\n",
+                each(&format!(
+                    "partial[#u * {WIDE_ROWS_MAX_SUBGROUPS}u + sg] = s#;\n"
+                )),
+                each(&put(&sum)),
+            ),
+        )
+    };
     let norm_math = if norm.is_some() { NORM_MATH } else { "" };
     vec![
         ("VECTOR_MATH", wide_helpers(dtype) + norm_math),
         ("NORM_SETUP", setup),
-        ("UNROLL_U", format!("{WIDE_ROWS_UNROLL}u")),
+        ("UNROLL_U", format!("{}u", walk.unroll)),
+        ("PARTS_U", format!("{}u", walk.parts)),
+        ("THREADS", walk.threads().to_string()),
         ("EARLY", early + &each(&early_row)),
         ("ZERO", zero),
         ("MACS", loads + &macs),
-        (
-            "FINISH",
-            sums + "if (lane == 0u) {\n"
-                + &each(&format!(
-                    "{{\nvar v = s#;\n{late}{store}(o_base + #u * n + gn, v);\n}}\n"
-                ))
-                + "}\n",
-        ),
+        ("PARTIAL_DECL", partial_decl),
+        ("FINISH", sums + &finish),
     ]
 }
 
@@ -798,11 +865,13 @@ fn launch_product(
     // The kernel over output tiles, if it runs (its code is generated only when the kernel
     // is compiled, as every variant's).
     let mut tiles = None;
+    let walk = WideRows::for_k(k / (16 / a_dtype.size()), norm.is_some());
     let (section, variant, grid) = if few_rows && b_at == "along_k" && wide_rows(gpu, a, b) {
-        // Two subgroups of 32 to a workgroup of 64; the kernel loops where subgroups are
-        // narrower.
+        // Two columns to a workgroup where subgroups have 32 lanes; the kernel loops where they
+        // are narrower.
         let grid = [gpu.dim(n.div_ceil(2)), 1, gpu.dim(batch)];
-        ("rows_wide", format!("rows_wide{m}"), grid)
+        let variant = format!("rows_wide{m}/{}x{}", walk.parts, walk.unroll);
+        ("rows_wide", variant, grid)
     } else if norm.is_some() {
         // `launch_normed` sends only what `rows_wide` runs here.
         return Err(unsupported(gpu, op));
@@ -862,7 +931,7 @@ fn launch_product(
         move || {
             match section {
                 "rows" => subst.extend(few_rows_code(m, lanes)),
-                "rows_wide" => subst.extend(wide_rows_code(m, a_dtype, &epilogue, norm)),
+                "rows_wide" => subst.extend(wide_rows_code(m, walk, a_dtype, &epilogue, norm)),
                 "columns" => subst.extend(columns_code(m, lanes)),
                 _ => {}
             }
@@ -1658,17 +1727,26 @@ mod tests {
                 (&rms, 6, Some(NormKind::Rms)),
             ];
             // One row, and every row a few-rows product may have (whose names must not meet
-            // the bindings' accessors).
-            let sizes = kernels
-                .into_iter()
-                .flat_map(|k| [(k, 1), (k, MAX_FEW_ROWS)]);
-            for ((epilogue, count, norm), rows) in sizes {
+            // the bindings' accessors); every walk over k (a normalized product's is never
+            // split).
+            let walks = |normed| {
+                [768, 3072, 16384]
+                    .map(|k| WideRows::for_k(k / (16 / dtype.size()), normed))
+                    .to_vec()
+            };
+            let sizes = kernels.into_iter().flat_map(|k| {
+                let walks = walks(k.2.is_some());
+                [1, MAX_FEW_ROWS]
+                    .into_iter()
+                    .flat_map(move |rows| walks.clone().into_iter().map(move |w| (k, rows, w)))
+            });
+            for ((epilogue, count, norm), rows, walk) in sizes {
                 let bindings: Vec<_> = (0..count).map(|i| (dtype, i + 1 == count)).collect();
                 let mut subst = vec![
                     ("EPILOGUE", epilogue.code.clone()),
                     ("STORE", epilogue.store.clone()),
                 ];
-                subst.extend(wide_rows_code(rows, dtype, epilogue, norm));
+                subst.extend(wide_rows_code(rows, walk, dtype, epilogue, norm));
                 let build = Build {
                     immediate_words: Some(64),
                     subgroups: true,
@@ -1680,7 +1758,7 @@ mod tests {
                     assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
                 }
                 let code = &epilogue.code;
-                let what = format!("rows_wide{rows} {dtype:?} {code:?} {norm:?}");
+                let what = format!("rows_wide{rows} {walk:?} {dtype:?} {code:?} {norm:?}");
                 crate::source::assert_valid(&src, &what);
             }
         }

@@ -125,6 +125,17 @@ pub(super) fn samples() -> Vec<Sample> {
             None,
             true,
         ),
+        // ... and K long enough that backends may split it between threads whose sums meet
+        // (decoding's down projection, with an odd number of columns; K shared out unevenly).
+        fused(
+            &[2, 3072],
+            &[3072, 33],
+            View::Permuted(vec![1, 0]),
+            true,
+            None,
+            true,
+        ),
+        plain(&[1, 2056], &[2056, 7], c(), View::Permuted(vec![1, 0])),
         plain(
             &[2, 3, 131],
             &[2, 131, 17],

@@ -7,10 +7,13 @@
 //! two windows of one buffer count as the same; what a kernel writes is what its code stores
 //! into, `pipelines.rs`). It waits for compute and copies, not every stage. The record
 //! survives submission: a barrier orders a command after everything earlier in submission
-//! order, earlier batches included. On the H100 each wait costs about 5 us whatever the
-//! launches do, and its form (compute-only, execution-only, buffer ranges, placed after the
-//! dispatch's state) changes nothing (`benches/README.md`): fewer dependent launches are what
-//! makes a chain of small ones, such as a decoding step, faster.
+//! order, earlier batches included. On the H100 a dispatch that waits for the one before it
+//! costs about 2.4 us more than one that may overlap it, and the state recorded with it (push
+//! constants, push descriptors, another pipeline) adds nothing (`examples/dispatch_chain.rs`);
+//! the barrier's form (compute-only, execution-only, buffer ranges) changes nothing either
+//! (`benches/README.md`). What a chain of small launches, such as a decoding step, gains is
+//! fewer dependent launches, or shorter ones: a wait also exposes the whole of each kernel's
+//! latency, which overlapping launches hide.
 //!
 //! While a thread records a step for replay ([`Capture`]; `replay.rs` begins and ends it),
 //! its dispatches go into the recording's command buffer instead of the batch; other

@@ -373,10 +373,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // summed); a subgroup's sums meet by subgroupAdd (in the device's fixed order, so results are
 // deterministic), and split subgroups' in workgroup memory. A subgroup's load moves 16
 // bytes a lane where `rows` moves one element, and bytes in flight are what a matrix-vector
-// product waits on. Small workgroups spread narrow matrices over every multiprocessor. A
-// normalized product takes the norm's sums in the same pass over k and applies the norm to
-// each column's sum. The upper-case parts are generated for M rows, the operands' dtype, the
-// walk over k, the epilogue and the norm (matmul.rs).
+// product waits on. Small workgroups spread narrow matrices over every multiprocessor. The
+// upper-case parts are generated for M rows, the operands' dtype, the walk over k and the
+// epilogue (matmul.rs).
 VECTOR_MATH
 PARTIAL_DECL
 @compute @workgroup_size(THREADS)
@@ -398,7 +397,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let b_base = (params.b_offset + zo.y) / VEC;
         let r_base = params.res_offset + zo.z;
         let o_base = params.out_offset + z * m * n;
-        NORM_SETUP
         // Every subgroup of a workgroup walks the same columns' steps (the split sums meet
         // behind barriers); one past the last column reads the last and stores nothing.
         for (var g0 = wid.x * cols; g0 < n; g0 += nwg.x * cols) {
@@ -408,6 +406,47 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             EARLY
             ZERO
             for (var kk = kbegin + lane; kk < kend; kk += UNROLL_U * width) {
+                MACS
+            }
+            FINISH
+        }
+    }
+}
+
+// @kernel rows_normed
+// A normalized product of few rows (NormMatmul in decoding) with `a` (the rows), `b` (a
+// linear's weight, contiguous in k) and the norm's weight and shift read as 16-byte vectors,
+// on devices with subgroups: a subgroup takes a few output columns, loads its first step of
+// every operand at once (UNROLL vectors a lane), takes each row's mean and variance from
+// them (and from the rest of the row where k is longer than a step), and multiplies the
+// normalized row, computed once, by each of its columns; sums meet by subgroupAdd, in the
+// device's fixed order. The upper-case parts are generated for M rows, the dtype, the walk,
+// the norm and the epilogue (normed_rows.rs).
+VECTOR_MATH
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) sgs: u32, @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) width: u32) {
+    let m = params.m;
+    let n = params.n;
+    let kv = params.k / VEC;
+    let sam = params.a_row_stride / VEC;
+    let sbn = params.b_col_stride / VEC;
+    let nw = params.norm_offset / VEC;
+    let ns = params.shift_offset / VEC;
+    let groups = (n + COLUMNS_U - 1u) / COLUMNS_U;
+    let step = UNROLL_U * width;
+    for (var z = wid.z; z < params.batch; z += nwg.z) {
+        let zo = batch_offsets(z);
+        let a_base = (params.a_offset + zo.x) / VEC;
+        let b_base = (params.b_offset + zo.y) / VEC;
+        let r_base = params.res_offset + zo.z;
+        let o_base = params.out_offset + z * m * n;
+        for (var gc = wid.x * sgs + sg; gc < groups; gc += nwg.x * sgs) {
+            COLUMN_SETUP
+            EARLY
+            FIRST_LOADS
+            STATS
+            ZERO
+            for (var kk = lane + step; kk < kv; kk += step) {
                 MACS
             }
             FINISH

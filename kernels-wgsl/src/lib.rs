@@ -47,6 +47,7 @@ mod loss;
 mod matmul;
 mod movement;
 mod norm;
+mod normed_rows;
 mod optim;
 mod params;
 mod random;

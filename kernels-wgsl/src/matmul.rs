@@ -11,9 +11,9 @@
 //! adds in order, so results stay deterministic: the tiled kernel wherever that fills its last
 //! wave of workgroups better ([`split_k_by_waves`]), the tensor-core kernels where few output
 //! tiles meet a long K (weight gradients, [`split_k`]). A normalized product (`NormMatmul`,
-//! decoding's projections after their layer norm) runs as one `rows_wide` kernel that takes
-//! the norm's sums in the product's own pass over k ([`NORM_MATH`]), saving the norm's launch;
-//! shapes that kernel does not take run as the norm, then the product.
+//! decoding's projections after their layer norm) runs as one `rows_normed` kernel that
+//! normalizes the row itself (`normed_rows.rs`), saving the norm's launch; shapes that kernel
+//! does not take run as the norm, then the product.
 
 use std::sync::Arc;
 
@@ -24,6 +24,7 @@ use crate::elementwise;
 #[cfg(test)]
 use crate::gpu::INDICES_IN_RANGE;
 use crate::gpu::{Gpu, Planner, Source, TensorMatmul, F16_IS_BF16};
+use crate::normed_rows::{normed_rows_code, NormedRows};
 use crate::params::{param_block, ParamBlock};
 use crate::source::{
     groups_for, key, run, run_grid, run_native, unsupported, wide_along, wide_helpers,
@@ -202,15 +203,10 @@ impl WideRows {
     /// 4 for 3 vectors a lane, and decoded 1,760 tokens/s on the H100 against 1,858 with steps
     /// of 3). A longer k is split between up to [`WIDE_ROWS_PARTS`] subgroups, whose sums
     /// meet in workgroup memory: each waits on memory once where one subgroup would wait
-    /// once a step. A normalized product's k is not split (its norm takes sums over all of k
-    /// before the product's).
-    fn for_k(vectors: usize, normed: bool) -> WideRows {
+    /// once a step.
+    fn for_k(vectors: usize) -> WideRows {
         let steps = vectors.div_ceil(32 * WIDE_ROWS_UNROLL).max(1);
-        let parts = if normed {
-            1
-        } else {
-            steps.next_power_of_two().min(WIDE_ROWS_PARTS)
-        };
+        let parts = steps.next_power_of_two().min(WIDE_ROWS_PARTS);
         let unroll = vectors.div_ceil(32 * parts).clamp(1, WIDE_ROWS_UNROLL);
         WideRows { parts, unroll }
     }
@@ -222,7 +218,7 @@ impl WideRows {
 }
 
 /// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`,
-/// their `a` normalized by `norm` where given ([`NORM_MATH`]). A step's loads past k read the
+/// walking k as `walk` says. A step's loads past k read the
 /// last vector again (clamped, so every load is in bounds and none waits on a branch) and
 /// count for nothing. The epilogue's operands are read before the products, so their loads
 /// wait alongside the first step's.
@@ -231,7 +227,6 @@ fn wide_rows_code(
     walk: WideRows,
     dtype: DType,
     epilogue: &Epilogue,
-    norm: Option<NormKind>,
 ) -> Vec<(&'static str, String)> {
     let each = |t: &str| {
         (0..m)
@@ -239,68 +234,15 @@ fn wide_rows_code(
             .collect::<String>()
     };
     let steps = |f: &dyn Fn(usize) -> String| (0..walk.unroll).map(f).collect::<Vec<_>>();
-    let mut loads = steps(&|j| {
+    let loads = steps(&|j| {
         format!("let i{j} = kk + {j}u * width;\nlet w{j} = ldv2(bn + min(i{j}, kend - 1u));\n")
     })
     .concat();
     let a_at = |j: usize| format!("ldv1(a_base + #u * sam + min(i{j}, kend - 1u))");
-    let (setup, zero, macs, sums) = match norm {
-        None => {
-            let terms = steps(&|j| format!("select(0.0, dotv({}, w{j}), i{j} < kend)", a_at(j)));
-            (
-                String::new(),
-                each("var acc# = 0.0;\n"),
-                each(&format!("acc# += {};\n", terms.join(" + "))),
-                each("let s# = subgroupAdd(acc#);\n"),
-            )
-        }
-        Some(kind) => {
-            let layer = kind == NormKind::Layer;
-            loads += &steps(&|j| {
-                let shift = if layer {
-                    format!("let h{j} = ldv4(ns + min(i{j}, kend - 1u));\n")
-                } else {
-                    String::new()
-                };
-                format!(
-                    "let on{j} = f32(i{j} < kend);\n\
-                     let g{j} = ldv3(nw + min(i{j}, kend - 1u));\n{shift}"
-                )
-            })
-            .concat();
-            let row_terms =
-                steps(&|j| format!("on{j} * row_terms({}, g{j}, w{j}, x0#)", a_at(j))).join(" + ");
-            let mut macs = each(&format!("t# += {row_terms};\n"));
-            let mut zero = each("var t# = vec3<f32>(0.0);\n");
-            let (x0, sums) = if layer {
-                let terms = steps(&|j| format!("on{j} * weight_terms(g{j}, h{j}, w{j})"));
-                macs += &format!("wt += {};\n", terms.join(" + "));
-                zero += "var wt = vec2<f32>(0.0);\n";
-                (
-                    "ld1((a_base + #u * sam) * VEC)",
-                    "let q = subgroupAdd(wt);\n".to_string()
-                        + &each(
-                            "let r# = subgroupAdd(t#);\n\
-                             let mean# = r#.y / f32(params.k);\n\
-                             let var# = max(r#.z / f32(params.k) - mean# * mean#, 0.0);\n\
-                             let s# = (r#.x - mean# * q.x) / sqrt(var# + params.eps) + q.y;\n",
-                        ),
-                )
-            } else {
-                (
-                    "0.0",
-                    each(
-                        "let r# = subgroupAdd(t#);\n\
-                         let s# = r#.x / sqrt(r#.z / f32(params.k) + params.eps);\n",
-                    ),
-                )
-            };
-            let setup = "let nw = params.norm_offset / VEC;\nlet ns = params.shift_offset / VEC;\n"
-                .to_string()
-                + &each(&format!("let x0# = {x0};\n"));
-            (setup, zero, macs, sums)
-        }
-    };
+    let terms = steps(&|j| format!("select(0.0, dotv({}, w{j}), i{j} < kend)", a_at(j)));
+    let zero = each("var acc# = 0.0;\n");
+    let macs = each(&format!("acc# += {};\n", terms.join(" + ")));
+    let sums = each("let s# = subgroupAdd(acc#);\n");
     let (early, early_row, late) = epilogue.early_late();
     let store = &epilogue.store;
     let put =
@@ -331,10 +273,8 @@ fn wide_rows_code(
             ),
         )
     };
-    let norm_math = if norm.is_some() { NORM_MATH } else { "" };
     vec![
-        ("VECTOR_MATH", wide_helpers(dtype) + norm_math),
-        ("NORM_SETUP", setup),
+        ("VECTOR_MATH", wide_helpers(dtype)),
         ("UNROLL_U", format!("{}u", walk.unroll)),
         ("PARTS_U", format!("{}u", walk.parts)),
         ("THREADS", walk.threads().to_string()),
@@ -345,33 +285,6 @@ fn wide_rows_code(
         ("FINISH", sums + &finish),
     ]
 }
-
-/// A normalized product's sums in the `rows_wide` kernel, all taken in the one pass over k
-/// that the product makes, so the norm adds no wait on memory: for `d = x - x0` (`x0` the
-/// row's first element, which keeps the one-pass variance from cancelling; 0 for an RMS
-/// norm), `g` the norm's weight, `h` its shift and `w` the column of `b`, each row's
-/// `row_terms` sum `(d g w, d, d^2)` and the rows' shared `weight_terms` sum `(g w, h w)`. Then
-/// `norm(x) . w = rstd (sum(d g w) - mean(d) sum(g w)) + sum(h w)` (without the shift terms
-/// for an RMS norm). The normalized row is never rounded to the dtype: `NormMatmul` allows
-/// either.
-const NORM_MATH: &str = "\
-fn row_terms(x: vec4<u32>, g: vec4<u32>, w: vec4<u32>, x0: f32) -> vec3<f32> {
-    var t = vec3<f32>(0.0);
-    for (var h = 0u; h < QUADS; h += 1u) {
-        let d = quad(x, h) - x0;
-        t += vec3<f32>(dot(d, quad(g, h) * quad(w, h)), (d.x + d.y) + (d.z + d.w), dot(d, d));
-    }
-    return t;
-}
-fn weight_terms(g: vec4<u32>, s: vec4<u32>, w: vec4<u32>) -> vec2<f32> {
-    var t = vec2<f32>(0.0);
-    for (var h = 0u; h < QUADS; h += 1u) {
-        let wq = quad(w, h);
-        t += vec2<f32>(dot(quad(g, h), wq), dot(quad(s, h), wq));
-    }
-    return t;
-}
-";
 
 /// The tensor-core kernel's staging code where both operands (of `dtype`, f16 or bf16) read as
 /// 16-byte vectors of eight halves along their contiguous dimension (`a_at`, `b_at`: `coop_k` or `coop_mn`):
@@ -617,9 +530,9 @@ fn coop_staging_code() -> Vec<(&'static str, String)> {
 
 /// The code that finishes each output value `v` after the products: bias, activation,
 /// residual, and the store into the output binding.
-struct Epilogue {
+pub(crate) struct Epilogue {
     code: String,
-    store: String,
+    pub(crate) store: String,
     /// Bindings (from 1) of the bias and the residual.
     bias_at: Option<usize>,
     res_at: Option<usize>,
@@ -682,7 +595,7 @@ impl Epilogue {
     /// The epilogue for a kernel that reads its operands before the products (`rows_wide`),
     /// generated when it compiles: the loads of column `gn`'s bias into `eb`, of row `#`'s
     /// residual into `er#` (once per row), and the code applying them to `v`, row `#`'s sum.
-    fn early_late(&self) -> (String, String, String) {
+    pub(crate) fn early_late(&self) -> (String, String, String) {
         let (mut early, mut early_row, mut late) = (String::new(), String::new(), String::new());
         if let Some(i) = self.bias_at {
             early += &format!("let eb = {};\n", bias_load(i));
@@ -764,6 +677,7 @@ fn normed_in_one(
         .iter()
         .all(|p| wide_along(gpu, p, 0).is_some());
     x.layout.shape[0] <= MAX_FEW_ROWS
+        && x.layout.shape[1] > 0
         && b.layout.shape[1] <= MAX_NORMED_COLUMNS
         && b.layout.strides[0] <= b.layout.strides[1]
         && wide_rows(gpu, x, b)
@@ -865,8 +779,22 @@ fn launch_product(
     // The kernel over output tiles, if it runs (its code is generated only when the kernel
     // is compiled, as every variant's).
     let mut tiles = None;
-    let walk = WideRows::for_k(k / (16 / a_dtype.size()), norm.is_some());
-    let (section, variant, grid) = if few_rows && b_at == "along_k" && wide_rows(gpu, a, b) {
+    let vectors = k / (16 / a_dtype.size());
+    let walk = WideRows::for_k(vectors);
+    let normed_walk = NormedRows::new(m, n, vectors);
+    let wide = few_rows && b_at == "along_k" && wide_rows(gpu, a, b);
+    let (section, variant, grid) = if let (Some(kind), true) = (norm, wide) {
+        let grid = [
+            gpu.dim(n.div_ceil(2 * normed_walk.columns)),
+            1,
+            gpu.dim(batch),
+        ];
+        let variant = format!(
+            "rows_normed{m}/{}x{}/{kind:?}",
+            normed_walk.columns, normed_walk.unroll
+        );
+        ("rows_normed", variant, grid)
+    } else if wide {
         // Two columns to a workgroup where subgroups have 32 lanes; the kernel loops where they
         // are narrower.
         let grid = [gpu.dim(n.div_ceil(2)), 1, gpu.dim(batch)];
@@ -931,7 +859,12 @@ fn launch_product(
         move || {
             match section {
                 "rows" => subst.extend(few_rows_code(m, lanes)),
-                "rows_wide" => subst.extend(wide_rows_code(m, walk, a_dtype, &epilogue, norm)),
+                "rows_wide" => subst.extend(wide_rows_code(m, walk, a_dtype, &epilogue)),
+                "rows_normed" => {
+                    if let Some(kind) = norm {
+                        subst.extend(normed_rows_code(m, normed_walk, a_dtype, &epilogue, kind));
+                    }
+                }
                 "columns" => subst.extend(columns_code(m, lanes)),
                 _ => {}
             }
@@ -1727,38 +1660,43 @@ mod tests {
                 (&rms, 6, Some(NormKind::Rms)),
             ];
             // One row, and every row a few-rows product may have (whose names must not meet
-            // the bindings' accessors); every walk over k (a normalized product's is never
-            // split).
-            let walks = |normed| {
-                [768, 3072, 16384]
-                    .map(|k| WideRows::for_k(k / (16 / dtype.size()), normed))
-                    .to_vec()
-            };
-            let sizes = kernels.into_iter().flat_map(|k| {
-                let walks = walks(k.2.is_some());
-                [1, MAX_FEW_ROWS]
-                    .into_iter()
-                    .flat_map(move |rows| walks.clone().into_iter().map(move |w| (k, rows, w)))
-            });
-            for ((epilogue, count, norm), rows, walk) in sizes {
+            // the bindings' accessors); every walk over k, and every number of columns a
+            // normalized product's subgroup may take.
+            for ((epilogue, count, norm), rows, (k, n)) in kernels.into_iter().flat_map(|kernel| {
+                [1, MAX_FEW_ROWS].into_iter().flat_map(move |rows| {
+                    [(768, 3072), (3072, 1024), (16384, 96)].map(|shape| (kernel, rows, shape))
+                })
+            }) {
                 let bindings: Vec<_> = (0..count).map(|i| (dtype, i + 1 == count)).collect();
                 let mut subst = vec![
                     ("EPILOGUE", epilogue.code.clone()),
                     ("STORE", epilogue.store.clone()),
                 ];
-                subst.extend(wide_rows_code(rows, walk, dtype, epilogue, norm));
+                let vectors = k / (16 / dtype.size());
+                let (section, walk) = match norm {
+                    None => {
+                        let walk = WideRows::for_k(vectors);
+                        subst.extend(wide_rows_code(rows, walk, dtype, epilogue));
+                        ("rows_wide", format!("{walk:?}"))
+                    }
+                    Some(kind) => {
+                        let walk = NormedRows::new(rows, n, vectors);
+                        subst.extend(normed_rows_code(rows, walk, dtype, epilogue, kind));
+                        ("rows_normed", format!("{walk:?}"))
+                    }
+                };
                 let build = Build {
                     immediate_words: Some(64),
                     subgroups: true,
                 };
                 let params = MatmulParams::wgsl();
-                let src = source(SRC, "rows_wide", &bindings, &subst, build, &params);
+                let src = source(SRC, section, &bindings, &subst, build, &params);
                 assert!(src.contains("var<storage, read_write> b2: array<vec4<u32>>"));
                 if norm.is_some() {
                     assert!(src.contains("var<storage, read_write> b3: array<vec4<u32>>"));
                 }
                 let code = &epilogue.code;
-                let what = format!("rows_wide{rows} {walk:?} {dtype:?} {code:?} {norm:?}");
+                let what = format!("{section}{rows} {walk} {dtype:?} {code:?} {norm:?}");
                 crate::source::assert_valid(&src, &what);
             }
         }

@@ -308,7 +308,7 @@ fn normed(
 }
 
 /// Normalized products: decoding's (few rows, K in whole 16-byte vectors: one kernel on
-/// GPUs) with every epilogue, K over many subgroup strides, and the shapes that run as the
+/// GPUs) with every epilogue, K over many subgroup strides, many columns, and the shapes that run as the
 /// norm and then the product (many rows, K off whole vectors, an untransposed `b`); each with
 /// both norms, random rows in f32 and f64 and exact rows in f16 and bf16 ([`Rows`]).
 /// Products past one binding are left to the norm's and the matmul's own large samples,
@@ -343,6 +343,10 @@ pub(super) fn normed_samples() -> Vec<Sample> {
                 ),
                 normed(rows, norm, [2, 34, 9], weight(), true, None, true),
                 normed(rows, norm, [1, 64, 40], View::Contiguous, true, None, false),
+                // Enough columns that a backend may give each thread group several, one
+                // past a whole number of them, and a K past one step of loads.
+                normed(rows, norm, [1, 768, 2305], weight(), true, gelu, false),
+                normed(rows, norm, [2, 1280, 601], weight(), true, None, true),
             ]);
         }
     }

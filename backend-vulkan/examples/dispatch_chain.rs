@@ -11,8 +11,6 @@
 //!
 //! `cargo run --release -p tessera-vulkan --example dispatch_chain [device index]`
 
-use std::ffi::CStr;
-
 use ash::vk;
 use probe::Outcome;
 
@@ -57,28 +55,13 @@ fn main() -> Outcome<()> {
 }
 
 fn measure(instance: &ash::Instance, index: usize) -> Outcome<()> {
-    // SAFETY: the instance is alive.
-    let devices = unsafe { instance.enumerate_physical_devices() }?;
-    let pd = *devices.get(index).ok_or("no such Vulkan device")?;
-    // SAFETY: `pd` came from this instance.
-    let props = unsafe { instance.get_physical_device_properties(pd) };
-    // SAFETY: the driver fills in a NUL-terminated name.
-    let name = unsafe { CStr::from_ptr(props.device_name.as_ptr()) };
+    let (pd, name) = probe::pick(instance, index)?;
     let family = probe::compute_family(instance, pd)?;
-    let priorities = [1.0f32];
-    let queues = [vk::DeviceQueueCreateInfo::default()
-        .queue_family_index(family)
-        .queue_priorities(&priorities)];
     let extensions = [ash::khr::push_descriptor::NAME.as_ptr()];
-    let create = vk::DeviceCreateInfo::default()
-        .queue_create_infos(&queues)
-        .enabled_extension_names(&extensions);
-    // SAFETY: the create info and what it points to live through the call.
-    let device = unsafe { instance.create_device(pd, &create, None) }?;
-    let result = run_all(instance, pd, &device, family, name);
-    // SAFETY: `run_all` waited for the device and destroyed what it created.
-    unsafe { device.destroy_device(None) };
-    result
+    let create = vk::DeviceCreateInfo::default().enabled_extension_names(&extensions);
+    probe::with_device(instance, pd, family, create, |device| {
+        run_all(instance, pd, device, family, &name)
+    })
 }
 
 fn run_all(
@@ -86,7 +69,7 @@ fn run_all(
     pd: vk::PhysicalDevice,
     device: &ash::Device,
     family: u32,
-    name: &CStr,
+    name: &str,
 ) -> Outcome<()> {
     let local = probe::device_local(instance, pd);
     println!("{name:?}: {CHAIN} dependent steps of workgroups of {THREADS}; buffers in device memory: {local}");

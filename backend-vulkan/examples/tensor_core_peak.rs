@@ -8,8 +8,6 @@
 //!
 //! `cargo run --release -p tessera-vulkan --example tensor_core_peak [device index]`
 
-use std::ffi::CStr;
-
 use ash::vk;
 use probe::Outcome;
 
@@ -37,13 +35,7 @@ fn main() -> Outcome<()> {
 }
 
 fn measure(entry: &ash::Entry, instance: &ash::Instance, index: usize) -> Outcome<()> {
-    // SAFETY: the instance is alive.
-    let devices = unsafe { instance.enumerate_physical_devices() }?;
-    let pd = *devices.get(index).ok_or("no such Vulkan device")?;
-    // SAFETY: `pd` came from this instance.
-    let props = unsafe { instance.get_physical_device_properties(pd) };
-    // SAFETY: the driver fills in a NUL-terminated name.
-    let name = unsafe { CStr::from_ptr(props.device_name.as_ptr()) };
+    let (pd, name) = probe::pick(instance, index)?;
     // SAFETY: `pd` came from this instance.
     let listed = unsafe { instance.enumerate_device_extension_properties(pd) }?;
     let has_extension = listed
@@ -65,10 +57,6 @@ fn measure(entry: &ash::Entry, instance: &ash::Instance, index: usize) -> Outcom
         return Err(format!("{name:?} has no 16x16x16 f16 -> f32 cooperative matrices").into());
     }
     let family = probe::compute_family(instance, pd)?;
-    let priorities = [1.0f32];
-    let queues = [vk::DeviceQueueCreateInfo::default()
-        .queue_family_index(family)
-        .queue_priorities(&priorities)];
     let extensions = [ash::khr::cooperative_matrix::NAME.as_ptr()];
     let mut v11 = vk::PhysicalDeviceVulkan11Features::default().storage_buffer16_bit_access(true);
     let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
@@ -77,17 +65,13 @@ fn measure(entry: &ash::Entry, instance: &ash::Instance, index: usize) -> Outcom
     let mut coop_feature =
         vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
     let create = vk::DeviceCreateInfo::default()
-        .queue_create_infos(&queues)
         .enabled_extension_names(&extensions)
         .push_next(&mut v11)
         .push_next(&mut v12)
         .push_next(&mut coop_feature);
-    // SAFETY: the create info and its chain live through the call.
-    let device = unsafe { instance.create_device(pd, &create, None) }?;
-    let result = run_all(instance, pd, &device, family, name);
-    // SAFETY: `run_all` waited for the device and destroyed what it created.
-    unsafe { device.destroy_device(None) };
-    result
+    probe::with_device(instance, pd, family, create, |device| {
+        run_all(instance, pd, device, family, &name)
+    })
 }
 
 fn run_all(
@@ -95,7 +79,7 @@ fn run_all(
     pd: vk::PhysicalDevice,
     device: &ash::Device,
     family: u32,
-    name: &CStr,
+    name: &str,
 ) -> Outcome<()> {
     // SAFETY: `pd` came from this instance.
     let limits = unsafe { instance.get_physical_device_properties(pd) }.limits;

@@ -26,6 +26,46 @@ pub fn with_instance(work: impl FnOnce(&ash::Entry, &ash::Instance) -> Outcome<(
     result
 }
 
+/// Physical device `index` of the instance, and its name.
+pub fn pick(instance: &ash::Instance, index: usize) -> Outcome<(vk::PhysicalDevice, String)> {
+    // SAFETY: the instance is alive.
+    let devices = unsafe { instance.enumerate_physical_devices() }?;
+    let pd = *devices.get(index).ok_or("no such Vulkan device")?;
+    // SAFETY: `pd` came from this instance.
+    let props = unsafe { instance.get_physical_device_properties(pd) };
+    let name = props
+        .device_name_as_c_str()
+        .map_or_else(|_| "?".to_string(), |n| n.to_string_lossy().into_owned());
+    Ok((pd, name))
+}
+
+/// Makes a device of `pd` as `create` says, with one queue of `family`, runs `work` with it and
+/// destroys it.
+pub fn with_device(
+    instance: &ash::Instance,
+    pd: vk::PhysicalDevice,
+    family: u32,
+    create: vk::DeviceCreateInfo<'_>,
+    work: impl FnOnce(&ash::Device) -> Outcome<()>,
+) -> Outcome<()> {
+    let priorities = [1.0f32];
+    let queues = [vk::DeviceQueueCreateInfo::default()
+        .queue_family_index(family)
+        .queue_priorities(&priorities)];
+    let create = vk::DeviceCreateInfo {
+        queue_create_info_count: 1,
+        p_queue_create_infos: queues.as_ptr(),
+        ..create
+    };
+    // SAFETY: the create info and what it points to (the queues here, the caller's extensions
+    // and feature chain) live through the call.
+    let device = unsafe { instance.create_device(pd, &create, None) }?;
+    let result = work(&device);
+    // SAFETY: `work` waited for the device and destroyed what it created.
+    unsafe { device.destroy_device(None) };
+    result
+}
+
 /// The index of a queue family of `pd` that runs compute work.
 pub fn compute_family(instance: &ash::Instance, pd: vk::PhysicalDevice) -> Outcome<u32> {
     // SAFETY: `pd` came from this instance.

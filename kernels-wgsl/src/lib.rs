@@ -41,6 +41,7 @@ mod cache;
 mod conv;
 mod dispatch;
 mod elementwise;
+mod epilogue;
 mod gpu;
 mod kernel;
 mod loss;

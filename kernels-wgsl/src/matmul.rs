@@ -18,9 +18,10 @@
 use std::sync::Arc;
 
 use tessera_core::ops::NormKind;
-use tessera_core::{merge_dims, Buffer, DType, Error, Layout, Op, Result, TensorRef, UnaryOp};
+use tessera_core::{merge_dims, Buffer, DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::elementwise;
+use crate::epilogue::Epilogue;
 #[cfg(test)]
 use crate::gpu::INDICES_IN_RANGE;
 use crate::gpu::{Gpu, Planner, Source, TensorMatmul, F16_IS_BF16};
@@ -526,100 +527,6 @@ fn coop_staging_code() -> Vec<(&'static str, String)> {
             each("put_a(lid + 256u * #u, xa#);\nput_b(lid + 256u * #u, xb#);\n"),
         ),
     ]
-}
-
-/// The code that finishes each output value `v` after the products: bias, activation,
-/// residual, and the store into the output binding.
-pub(crate) struct Epilogue {
-    code: String,
-    pub(crate) store: String,
-    /// Bindings (from 1) of the bias and the residual.
-    bias_at: Option<usize>,
-    res_at: Option<usize>,
-    /// The activation as the kernels' `activate` reads it from the parameters.
-    activation: usize,
-}
-
-impl Epilogue {
-    /// The epilogue of a matmul op; `None` for an activation the kernels lack.
-    fn of(op: &Op) -> Option<Epilogue> {
-        // The epilogue's operands follow a and b (and a normalized product's norm).
-        let (bias, activation, residual, mut next) = match op {
-            Op::Matmul {
-                bias,
-                activation,
-                residual,
-            } => (bias, activation, residual, 3),
-            Op::NormMatmul {
-                norm,
-                bias,
-                activation,
-                residual,
-            } => (bias, activation, residual, 3 + norm.params()),
-            _ => return None,
-        };
-        let mut code = String::new();
-        let bias_at = bias.then(|| {
-            next += 1;
-            next - 1
-        });
-        let res_at = residual.then(|| {
-            next += 1;
-            next - 1
-        });
-        if let Some(i) = bias_at {
-            code += &format!("v += {};\n", bias_load(i));
-        }
-        let activation = match activation {
-            None => 0,
-            Some(UnaryOp::Relu) => 1,
-            Some(UnaryOp::Gelu) => 2,
-            Some(UnaryOp::Silu) => 3,
-            Some(_) => return None,
-        };
-        if activation > 0 {
-            code += "v = activate(v);\n";
-        }
-        if let Some(i) = res_at {
-            code += &format!("v += {};\n", residual_load(i, "gm"));
-        }
-        Some(Epilogue {
-            code,
-            store: format!("st{next}"),
-            bias_at,
-            res_at,
-            activation,
-        })
-    }
-
-    /// The epilogue for a kernel that reads its operands before the products (`rows_wide`),
-    /// generated when it compiles: the loads of column `gn`'s bias into `eb`, of row `#`'s
-    /// residual into `er#` (once per row), and the code applying them to `v`, row `#`'s sum.
-    pub(crate) fn early_late(&self) -> (String, String, String) {
-        let (mut early, mut early_row, mut late) = (String::new(), String::new(), String::new());
-        if let Some(i) = self.bias_at {
-            early += &format!("let eb = {};\n", bias_load(i));
-            late += "v += eb;\n";
-        }
-        if self.activation > 0 {
-            late += "v = activate(v);\n";
-        }
-        if let Some(i) = self.res_at {
-            early_row += &format!("let er# = {};\n", residual_load(i, "#u"));
-            late += "v += er#;\n";
-        }
-        (early, early_row, late)
-    }
-}
-
-/// The bias of column `gn`, from binding `i`.
-fn bias_load(i: usize) -> String {
-    format!("ld{i}(params.bias_offset + gn * params.bias_stride)")
-}
-
-/// The residual of output (`row`, `gn`), from binding `i`.
-fn residual_load(i: usize, row: &str) -> String {
-    format!("ld{i}(r_base + {row} * params.res_row_stride + gn * params.res_col_stride)")
 }
 
 /// A matmul without epilogue: what partial products over parts of K compute.
@@ -1517,6 +1424,7 @@ mod tests {
     use crate::gpu::Build;
     use crate::params::ParamBlock;
     use crate::source::source;
+    use tessera_core::UnaryOp;
 
     /// The tensor-core kernel runs only on adapters with cooperative matrices (not lavapipe),
     /// so its WGSL is at least checked everywhere: parsed and validated as the device would.

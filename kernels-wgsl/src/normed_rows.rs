@@ -9,7 +9,7 @@
 use tessera_core::ops::NormKind;
 use tessera_core::DType;
 
-use crate::matmul::Epilogue;
+use crate::epilogue::Epilogue;
 use crate::source::wide_helpers;
 
 /// The most vectors of k each lane loads at once (as `rows_wide`'s steps).

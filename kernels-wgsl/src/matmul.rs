@@ -219,10 +219,9 @@ impl WideRows {
 }
 
 /// The per-row code of the `rows_wide` kernel for `m` rows of `dtype` finished by `epilogue`,
-/// walking k as `walk` says. A step's loads past k read the
-/// last vector again (clamped, so every load is in bounds and none waits on a branch) and
-/// count for nothing. The epilogue's operands are read before the products, so their loads
-/// wait alongside the first step's.
+/// walking k as `walk` says. A step's loads past k read the last vector again (clamped, so
+/// every load is in bounds and none waits on a branch) and count for nothing. The epilogue's
+/// operands are read before the products, so their loads wait alongside the first step's.
 fn wide_rows_code(
     m: usize,
     walk: WideRows,

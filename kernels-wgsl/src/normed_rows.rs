@@ -70,7 +70,8 @@ fn sqdev(x: vec4<u32>, mean: f32) -> f32 {
 
 /// The generated parts of a `rows_normed` kernel for `m` rows of `dtype`, walked as `walk`
 /// says, normalized by a `kind` norm and finished by `epilogue`. Loads past k read the last
-/// vector again (clamped) and count for nothing.
+/// vector again (clamped) and count for nothing: their terms are selected away, not multiplied
+/// by zero, so an infinity in the last vector does not turn the sum into NaN.
 pub(crate) fn normed_rows_code(
     m: usize,
     walk: NormedRows,
@@ -95,7 +96,7 @@ pub(crate) fn normed_rows_code(
                 format!("let {p}h{j} = vec4<u32>(0u);\n")
             };
             format!(
-                "let {p}i{j} = {kk} + {j}u * width;\nlet {p}on{j} = f32({p}i{j} < kv);\n\
+                "let {p}i{j} = {kk} + {j}u * width;\nlet {p}on{j} = {p}i{j} < kv;\n\
                  let {p}c{j} = min({p}i{j}, kv - 1u);\nlet {p}g{j} = ldv3(nw + {p}c{j});\n{shift}"
             ) + &columns(&|c| format!("let {p}w{j}_{c} = ldv2(bn{c} + {p}c{j});\n"))
                 + &rows(&format!(
@@ -113,12 +114,14 @@ pub(crate) fn normed_rows_code(
         })
         .concat()
             + &columns(&|c| {
-                let terms = steps(&|j| format!("{p}on{j} * udot({p}u{j}_#, {p}w{j}_{c})"));
+                let terms =
+                    steps(&|j| format!("select(0.0, udot({p}u{j}_#, {p}w{j}_{c}), {p}on{j})"));
                 rows(&format!("acc#_{c} += {};\n", terms.join(" + ")))
             })
     };
-    let first_terms =
-        |f: &str| steps(&|j| format!("on{j} * {}", f.replace('J', &j.to_string()))).join(" + ");
+    let first_terms = |f: &str| {
+        steps(&|j| format!("select(0.0, {}, on{j})", f.replace('J', &j.to_string()))).join(" + ")
+    };
     let mean = if layer {
         rows(&format!(
             "var sx# = {};\n\

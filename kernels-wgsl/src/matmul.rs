@@ -256,11 +256,12 @@ fn wide_rows_code(
         )
     } else {
         let words = m * WIDE_ROWS_MAX_SUBGROUPS;
-        let sum = "partial[#u * SUBGROUPS + sg] + partial[#u * SUBGROUPS + sg + 1u]".to_string()
-            + &(2..walk.parts)
-                .map(|p| format!(" + partial[#u * SUBGROUPS + sg + {p}u]"))
-                .collect::<String>();
-        let sum = sum.replace("SUBGROUPS", &format!("{WIDE_ROWS_MAX_SUBGROUPS}u"));
+        // The parts a column has where the kernel runs (fewer than PARTS_U where a workgroup
+        // has fewer subgroups), added in order.
+        let row = format!("#u * {WIDE_ROWS_MAX_SUBGROUPS}u + sg");
+        let sum = format!(
+            "var t# = partial[{row}];\nfor (var p = 1u; p < parts; p++) {{ t# += partial[{row} + p]; }}\n"
+        );
         (
             format!("var<workgroup> partial: array<f32, {words}>;\n"),
             format!(
@@ -269,7 +270,7 @@ fn wide_rows_code(
                 each(&format!(
                     "partial[#u * {WIDE_ROWS_MAX_SUBGROUPS}u + sg] = s#;\n"
                 )),
-                each(&put(&sum)),
+                each(&(sum + &put("t#"))),
             ),
         )
     };

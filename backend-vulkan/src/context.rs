@@ -451,6 +451,7 @@ impl Gpu for Context {
             dispatch.key,
             dispatch.bindings.len(),
             dispatch.immediate,
+            dispatch.specialize.then_some(dispatch.params),
             source,
         )?;
         let mut buffers = Vec::with_capacity(dispatch.bindings.len());

@@ -40,12 +40,13 @@
 //! 1.3 (the instance asks for 1.3 where the loader has it: the kernel is SPIR-V 1.6), f16 and
 //! bf16 matmuls over output tiles run a kernel of their own instead, written as SPIR-V with
 //! rspirv beside the shared source (`tensor_matmul.rs`; the extension's declarations in
-//! `cooperative_matrix2.rs`): the driver stages its 256 x 128 tiles through workgroup memory,
+//! `cooperative_matrix2.rs`): the driver stages its 128 x 256 tiles through workgroup memory,
 //! which WGSL cannot ask for. The shared planner chooses it per launch (`Caps::tensor_matmul`)
 //! and keeps split-K (f32 sums finished by its `sum_splits` kernel); a product in one part
-//! gets its epilogue from the kernel's per-element function. On the H200 it took 4096^3 f16
-//! from 128 to 147 TFLOP/s and bf16 training from 49.0k to 63.4k tokens/s (one call each,
-//! both builds), 66.4k with the epilogues fused.
+//! gets its epilogue from the kernel's per-element function. Where its tiles cover a product
+//! exactly, the kernel is compiled for the launch's sizes and strides (`Dispatch::specialize`),
+//! which NVIDIA's compiler makes almost twice as fast: on the H100, 4096^3 from 151 to 283
+//! TFLOP/s in f16.
 //!
 //! Where the device offers `robustBufferAccess` (lavapipe and NVIDIA do), it is opened with
 //! it and kernels are compiled without naga's clamps on buffer indices: the driver keeps every
@@ -54,16 +55,13 @@
 //! construction (the matmuls: the tensor-core one went from 93 to 128 TFLOP/s without them).
 //!
 //! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H100,
-//! GPT-2 124M training at 0.83x PyTorch eager in f32 and 0.55x in bf16, decoding at 1,765
-//! tokens/s in f16 (short of the issue's 2,000: each of a step's 66 waits between dependent
-//! launches costs about 5 us on NVIDIA's driver), matmul 4096^3 at 41 (f32) and 150 (f16)
-//! TFLOP/s.
+//! GPT-2 124M training at 0.83x PyTorch eager in f32 and 0.73x in bf16, decoding at about
+//! 2,040 tokens/s in f16, matmul 4096^3 at 41 (f32), 283 (f16) and 290 (bf16) TFLOP/s.
 //!
-//! Not yet here (the backend's issue lists the targets): a tensor-core matmul near the
-//! issue's 300 TFLOP/s. The driver's cooperative matrices multiply at about 610 TFLOP/s on the
-//! H100 (`examples/tensor_core_peak.rs`); the workgroup-scope kernel's tiles and loops were
-//! swept, and a kernel staging its operands itself was tried (`tensor_matmul.rs`), all below
-//! the driver-staged 150. Also next: attention's forward as products on it.
+//! Not yet here (the backend's issue lists the targets): f16 matmuls at the issue's 300
+//! TFLOP/s (NVIDIA's own reference kernels reach 280 to 292 through Vulkan on the H100;
+//! `tensor_matmul.rs` says what was tried), and bf16 training at PyTorch's speed. Also next:
+//! attention's forward as products on the tensor-core kernel.
 
 mod bfloat16;
 mod context;

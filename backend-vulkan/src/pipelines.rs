@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ash::vk;
@@ -72,7 +73,13 @@ pub(crate) struct Pipelines {
     /// `robustBufferAccess` (it keeps every access inside its buffer; naga's clamps cost the
     /// H100 a quarter of its f16 matmul throughput), else clamped by naga.
     buffer_checks: BoundsCheckPolicy,
+    /// Pipelines compiled for one parameter block ([`tessera_wgsl::Dispatch::specialize`]).
+    specialized: AtomicUsize,
 }
+
+/// Pipelines a device compiles for single parameter blocks at most: one per distinct product
+/// shape, which a training step has a few dozen of; past this, kernels read their parameters.
+const MAX_SPECIALIZED: usize = 512;
 
 /// The subgroup size the cooperative-matrix kernels are written for.
 const COOPERATIVE_SUBGROUP: u32 = 32;
@@ -119,6 +126,7 @@ impl Pipelines {
                 BoundsCheckPolicy::Restrict
             },
             cache: PipelineCache::default(),
+            specialized: AtomicUsize::new(0),
             driver_cache,
             zero_initialize: if driver_zeroes_workgroup_memory {
                 spv::ZeroInitializeWorkgroupMemoryMode::Native
@@ -199,20 +207,37 @@ impl Layouts {
 }
 
 impl Pipelines {
-    /// The pipeline cached under `key`, compiling `source()` on a miss.
+    /// The pipeline cached under `key`, compiling `source()` on a miss; for the parameter
+    /// words `fixed` alone where given, while fewer than [`MAX_SPECIALIZED`] are.
     pub(crate) fn get(
         &self,
         key: &str,
         bindings: usize,
         immediate: bool,
+        fixed: Option<&[u32]>,
         source: &mut dyn FnMut() -> Result<Source>,
     ) -> Result<Arc<Pipeline>> {
+        let room = || self.specialized.load(Ordering::Relaxed) < MAX_SPECIALIZED;
+        if let Some(words) = fixed.filter(|_| room()) {
+            let fixed_key = format!("{key}/{words:?}");
+            return self.cache.get_or_build(&fixed_key, immediate, || {
+                self.specialized.fetch_add(1, Ordering::Relaxed);
+                self.build(key, bindings, immediate, source()?, Some(words))
+            });
+        }
         self.cache.get_or_build(key, immediate, || {
-            self.build(key, bindings, immediate, source()?)
+            self.build(key, bindings, immediate, source()?, None)
         })
     }
 
-    fn build(&self, key: &str, bindings: usize, immediate: bool, src: Source) -> Result<Pipeline> {
+    fn build(
+        &self,
+        key: &str,
+        bindings: usize,
+        immediate: bool,
+        src: Source,
+        fixed: Option<&[u32]>,
+    ) -> Result<Pipeline> {
         let (words, writes, cooperative) = match src {
             Source::Wgsl(src) => {
                 let (words, writes) = to_spirv(
@@ -225,7 +250,7 @@ impl Pipelines {
                 (words, writes, src.contains("coop_mat"))
             }
             Source::TensorMatmul(kernel) => {
-                let words = tensor_matmul::spirv(&kernel).map_err(|log| Error::Compile {
+                let words = tensor_matmul::spirv(&kernel, fixed).map_err(|log| Error::Compile {
                     backend: "vulkan".into(),
                     op: key.into(),
                     log,
@@ -279,7 +304,11 @@ impl Pipelines {
             .ok_or_else(|| vk_err("vkCreateComputePipelines", vk::Result::ERROR_UNKNOWN))?;
         self.driver_cache.grew();
         Ok(Pipeline {
-            name: key.to_string(),
+            name: if fixed.is_some() {
+                format!("{key}/fixed")
+            } else {
+                key.to_string()
+            },
             pipeline,
             layout,
             writes,

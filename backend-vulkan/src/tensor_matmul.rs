@@ -11,21 +11,29 @@
 //! tile[1]` slice of `b` per step and multiplies them into an f32 accumulator, in a fixed
 //! order (results are deterministic). A per-element function then finishes the sums as the
 //! WGSL epilogue does (bias, activation, residual) and rounds bf16 outputs, before they are
-//! converted to the output's dtype and stored. Tensor layouts clamp: elements past the matrix (its edges, the split's end of k) load as
-//! zero, and stores past it are dropped. A transposed operand (contiguous along m, or `b`
-//! along k) loads through a tensor view that swaps its two dimensions.
+//! converted to the output's dtype and stored. A transposed operand (contiguous along m, or
+//! `b` along k) loads through a tensor view that swaps its two dimensions.
 //!
-//! The driver's staging is this kernel's limit: on the H100 it reaches about 150 TFLOP/s at
-//! 4096^3 in f16, where the same driver's cooperative matrices multiply at about 610 held in
-//! registers and 520 fed from padded workgroup memory, and at most 137 loaded straight from
-//! memory (`examples/tensor_core_peak.rs`). Longer loop bodies and tiles that do not clamp
-//! ran slower, other tiles no faster (`benches/README.md`). A kernel staging the operands
-//! itself (16-byte loads into padded workgroup tiles of two stages, 128 x 128 x 32, each
-//! subgroup multiplying 4 x 2 subgroup-scope fragments) passed conformance but reached 100
-//! at 4096^3: Vulkan lets a workgroup have 48 KiB on the H100, too little for deeper
-//! steps, where the driver's own staging is not bound by it. (WGSL cannot express that
-//! kernel at all: naga types a cooperative load by the scalar its pointer points to, so a
-//! tile stored as words cannot be loaded as halves.)
+//! **Compiled per product.** Where its tiles cover the product exactly, the planner lets the
+//! backend compile this kernel for the launch's parameter block (`Dispatch::specialize`): its
+//! sizes, strides and offsets become constants (a pipeline per distinct block, about 20 in a
+//! GPT-2 training step, each compiled in 0.1 to 1.3 s once and then kept by the driver's cache
+//! on disk), and its loads and stores do not clamp ([`tiles_cover`]), from operands declared
+//! as 16-byte vectors so that their pointers are known aligned. NVIDIA's compiler lays out the
+//! loads far better for sizes it knows. Other products (an LM head's odd vocabulary, prompts
+//! of any length) read their parameters, and tensor layouts clamp: elements past the matrix
+//! (its edges, the split's end of k) load as zero, and stores past it are dropped. On the H100 at 4096^3 in f16 (TFLOP/s, one run): reading the block 151; constant
+//! 253; with the 128 x 256 tile 267; unclamped stores too 283 (bf16 290). Unclamped loads
+//! without constant sizes ran at a third of the speed. NVIDIA's own reference kernels
+//! (vk_cooperative_matrix_perf) reach 280 to 292 on the same device, so this is about what
+//! Vulkan offers there: the driver's cooperative matrices multiply at about 610 held in
+//! registers and 520 fed from padded workgroup memory (`examples/tensor_core_peak.rs`), and
+//! a workgroup may have only 48 KiB of that memory. A kernel staging the operands itself
+//! (16-byte loads into padded workgroup tiles of two stages) reached 100 to 134 when it read
+//! its sizes, and tiles of 64 k or loop bodies unrolled by hand ran slower
+//! (`benches/README.md`). (WGSL cannot express a self-staging kernel at all: naga types a
+//! cooperative load by the scalar its pointer points to, so a tile stored as words cannot be
+//! loaded as halves.)
 
 use std::collections::HashMap;
 
@@ -46,15 +54,29 @@ const USE_ACCUMULATOR: u32 = 2;
 /// The matmul parameter block's batch dimensions.
 const BATCH_DIMS: u32 = MAX_BATCH_DIMS as u32;
 
-/// The kernel's SPIR-V words, or what stops it (a dtype it does not take, or a parameter the
-/// block lacks).
-pub(crate) fn spirv(kernel: &TensorMatmul) -> Result<Vec<u32>, String> {
+/// The kernel's SPIR-V words, reading its parameter block, or compiled for the block `fixed`
+/// alone; or what stops it (a dtype it does not take, or a parameter the block lacks).
+pub(crate) fn spirv(kernel: &TensorMatmul, fixed: Option<&[u32]>) -> Result<Vec<u32>, String> {
     let input = scalar(kernel.input)?;
     if input == Scalar::F32 {
         return Err("a tensor-core matmul of f32 operands".into());
     }
     let output = scalar(kernel.output)?;
-    Writer::new(input, output).module(kernel)
+    let mut writer = Writer::new(input, output);
+    writer.fixed = fixed.map(<[u32]>::to_vec);
+    writer.module(kernel)
+}
+
+/// Whether the tiles of `kernel` cover the product of parameter block `words` exactly
+/// ([`TensorMatmul::covers`]).
+fn tiles_cover(kernel: &TensorMatmul, words: &[u32]) -> bool {
+    let word = |field| matmul_param_word(field).and_then(|at| words.get(at).copied());
+    match [word("m"), word("n"), word("k"), word("k_per_split")] {
+        [Some(m), Some(n), Some(k), Some(k_per_split)] => {
+            kernel.covers(m as usize, n as usize, k as usize, k_per_split as usize)
+        }
+        _ => false,
+    }
 }
 
 /// The kernel's declaration of dtype `d`.
@@ -104,6 +126,9 @@ struct Writer {
     /// f32 constants by their bits, and the GLSL.std.450 instruction set.
     float_constants: HashMap<u32, Word>,
     glsl: Option<Word>,
+    /// The parameter block the kernel is compiled for, its words constants; `None` where it
+    /// reads them.
+    fixed: Option<Vec<u32>>,
 }
 
 /// What the loop over k of a tile needs: matrix types (`a`, `b`, sum), zero matrices, the
@@ -118,6 +143,8 @@ struct Steps {
     k_var: Word,
     origin: [Word; 3],
     extents: [Word; 3],
+    /// Whether the tiles cover the product exactly ([`tiles_cover`]): loads need no clamping.
+    exact: bool,
 }
 
 impl Writer {
@@ -141,6 +168,7 @@ impl Writer {
             residual: None,
             float_constants: HashMap::new(),
             glsl: None,
+            fixed: None,
         }
     }
 
@@ -182,9 +210,14 @@ impl Writer {
         self.b.constant_composite(matrix, [zero])
     }
 
-    /// A storage buffer of `s` values at set 1, `binding`.
-    fn buffer(&mut self, s: Scalar, binding: u32, writable: bool) -> Word {
-        let element = self.float(s);
+    /// A storage buffer of `s` values at set 1, `binding`, declared as an array of 16-byte
+    /// vectors where `vectors` (tensor loads then know their pointers are aligned).
+    fn buffer(&mut self, s: Scalar, binding: u32, writable: bool, vectors: bool) -> Word {
+        let (element, stride) = if vectors {
+            (self.vector16(), 16)
+        } else {
+            (self.float(s), s.bytes())
+        };
         // One array and block type per binding, so that each takes its own decorations.
         let array = self.b.id();
         let inst = rspirv::dr::Instruction::new(
@@ -198,7 +231,7 @@ impl Writer {
         self.b.decorate(
             array,
             Decoration::ArrayStride,
-            [Operand::LiteralBit32(s.bytes())],
+            [Operand::LiteralBit32(stride)],
         );
         self.b.decorate(block, Decoration::Block, []);
         self.b
@@ -228,7 +261,7 @@ impl Writer {
         interface: &mut Vec<Word>,
     ) -> Result<(Word, Scalar), String> {
         let s = scalar(d)?;
-        let var = self.buffer(s, interface.len() as u32 + 1, false);
+        let var = self.buffer(s, interface.len() as u32 + 1, false, false);
         interface.push(var);
         Ok((var, s))
     }
@@ -259,6 +292,12 @@ impl Writer {
             .ok_or_else(|| format!("the matmul parameters lack `{field}`"))?
             as u32
             + index;
+        if let Some(words) = &self.fixed {
+            let value = *words
+                .get(at as usize)
+                .ok_or_else(|| format!("the fixed parameter block has no word {at} (`{field}`)"))?;
+            return Ok(self.uint(value));
+        }
         let (zero, at) = (self.uint(0), self.uint(at));
         let ptr = self
             .b
@@ -383,8 +422,14 @@ impl Writer {
         let zero_a = self.zeros(input, mat_a);
         let zero_b = self.zeros(input, mat_b);
         let zero_acc = self.zeros(Scalar::F32, acc);
-        let a_var = self.buffer(input, 1, false);
-        let b_var = self.buffer(input, 2, false);
+        // Tiles covering the product exactly load without clamping, from operands declared as
+        // 16-byte vectors (`aligned`): both only pay where the sizes are constants.
+        let exact = self
+            .fixed
+            .as_deref()
+            .is_some_and(|words| tiles_cover(kernel, words));
+        let a_var = self.buffer(input, 1, false, exact);
+        let b_var = self.buffer(input, 2, false, exact);
         let mut interface = vec![a_var, b_var];
         // The epilogue's inputs take the bindings after `b`, in order.
         self.bias = kernel
@@ -395,7 +440,7 @@ impl Writer {
             .residual
             .map(|d| self.read_binding(d, &mut interface))
             .transpose()?;
-        let o_var = self.buffer(output, interface.len() as u32 + 1, true);
+        let o_var = self.buffer(output, interface.len() as u32 + 1, true, false);
         let params = self.declare_params();
         let uvec3 = self.b.type_vector(self.u32, 3);
         let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);
@@ -505,9 +550,10 @@ impl Writer {
             k_var,
             origin: [m0, n0, k_start],
             extents: [m, n, k_end],
+            exact,
         };
-        let (a_elem, a_rem) = self.aligned(input, a_var, a_base)?;
-        let (b_elem, b_rem) = self.aligned(input, b_var, b_base)?;
+        let (a_elem, a_rem) = self.aligned(input, a_var, a_base, exact)?;
+        let (b_elem, b_rem) = self.aligned(input, b_var, b_base, exact)?;
         self.steps(&steps, [a_lead, b_lead], [a_elem, b_elem], [a_rem, b_rem])?;
         let mut sum = self.b.load(acc, None, sum_var, None, []).map_err(build)?;
         if finishing {
@@ -520,11 +566,16 @@ impl Writer {
         } else {
             self.b.f_convert(out_mat, None, sum).map_err(build)?
         };
-        let (o_elem, o_rem) = self.aligned(output, o_var, o_base)?;
+        let (o_elem, o_rem) = self.aligned(output, o_var, o_base, false)?;
         let n_span = self.add(n, o_rem)?;
         let n_at = self.add(n0, o_rem)?;
-        let layout_o = self.layout(TensorClampMode::Constant, [m, n_span], [n, one])?;
-        let slice_o = self.slice(layout_o, TensorClampMode::Constant, [m0, n_at], [tm, tn])?;
+        let clamp = if exact {
+            TensorClampMode::Undefined
+        } else {
+            TensorClampMode::Constant
+        };
+        let layout_o = self.layout(clamp, [m, n_span], [n, one])?;
+        let slice_o = self.slice(layout_o, clamp, [m0, n_at], [tm, tn])?;
         self.b
             .cooperative_matrix_store_tensor_nv(
                 o_elem,
@@ -569,7 +620,11 @@ impl Writer {
         let [m0, n0, k_start] = s.origin;
         let [m, n, k_end] = s.extents;
         let one = self.uint(1);
-        let clamp = TensorClampMode::Constant;
+        let clamp = if s.exact {
+            TensorClampMode::Undefined
+        } else {
+            TensorClampMode::Constant
+        };
         // The contiguous dimension (the layouts' inner one) starts `rem` elements in.
         let (a_outer, a_inner) = if s.kernel.a_k_contiguous {
             (m, k_end)
@@ -860,15 +915,39 @@ impl Writer {
         self.b.bitcast(f32_t, None, chosen).map_err(build)
     }
 
-    /// A 16-byte aligned pointer into the array of buffer `var` (of `s` values) at or before
-    /// element `at`, and how many elements before `at` it is: tensor loads and stores take
-    /// aligned pointers only.
-    fn aligned(&mut self, s: Scalar, var: Word, at: Word) -> Result<(Word, Word), String> {
+    /// A 16-byte aligned pointer into the array of buffer `var` (of `s` values, or of 16-byte
+    /// vectors where `vectors`) at or before element `at`, and how many elements before `at`
+    /// it is: tensor loads and stores take aligned pointers only.
+    fn aligned(
+        &mut self,
+        s: Scalar,
+        var: Word,
+        at: Word,
+        vectors: bool,
+    ) -> Result<(Word, Word), String> {
         let per_vector = 16 / s.bytes();
         let mask = self.uint(per_vector - 1);
         let rem = self.op(Op::BitwiseAnd, at, mask)?;
+        if vectors {
+            let shift = self.uint(per_vector.trailing_zeros());
+            let vector = self.op(Op::ShiftRightLogical, at, shift)?;
+            let t = self.vector16();
+            let ptr = self.b.type_pointer(None, StorageClass::StorageBuffer, t);
+            let zero = self.uint(0);
+            let ptr = self
+                .b
+                .access_chain(ptr, None, var, [zero, vector])
+                .map_err(build)?;
+            return Ok((ptr, rem));
+        }
         let start = self.op(Op::ISub, at, rem)?;
         Ok((self.element_ptr(s, var, start)?, rem))
+    }
+
+    /// The 16-byte vector type, four `u32`.
+    fn vector16(&mut self) -> Word {
+        let u = self.u32;
+        self.b.type_vector(u, 4)
     }
 
     /// A pointer to element `at` of a buffer's array, where a tensor layout's element 0 is.
@@ -941,9 +1020,48 @@ mod tests {
     #[test]
     fn every_variant_is_a_module() {
         for kernel in every_kernel() {
-            let words = spirv(&kernel).unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
+            let words = spirv(&kernel, None).unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
             let module = rspirv::dr::load_words(&words).expect("reads back");
             assert_eq!(module.entry_points.len(), 1, "{kernel:?}");
+        }
+    }
+
+    /// A parameter block of sizes `m x k x n` in one part, with row-major operands.
+    fn block(m: u32, n: u32, k: u32) -> Vec<u32> {
+        let mut words = vec![0; matmul_param_words()];
+        for (field, value) in [
+            ("m", m),
+            ("n", n),
+            ("k", k),
+            ("splits", 1),
+            ("k_per_split", k),
+            ("a_row_stride", k),
+            ("a_k_stride", 1),
+            ("b_k_stride", n),
+            ("b_col_stride", 1),
+        ] {
+            words[matmul_param_word(field).expect("a matmul parameter")] = value;
+        }
+        words
+    }
+
+    /// Compiled for a block, every variant is a module too, whether its tiles cover the
+    /// product exactly (unclamped loads from vector-typed operands) or not; a block too short
+    /// is refused.
+    #[test]
+    fn every_variant_compiles_for_a_fixed_block() {
+        let [tm, tn, tk] = TensorMatmul::TILE;
+        for kernel in every_kernel() {
+            let exact = block(2 * tm, 3 * tn, 4 * tk);
+            assert!(kernel.narrow || tiles_cover(&kernel, &exact));
+            for words in [exact, block(tm + 1, tn, tk + 8)] {
+                assert!(!tiles_cover(&kernel, &block(tm + 1, tn, tk)));
+                let words = spirv(&kernel, Some(&words)).unwrap_or_else(|e| panic!("{e}"));
+                let module = rspirv::dr::load_words(&words).expect("reads back");
+                assert_eq!(module.entry_points.len(), 1, "{kernel:?}");
+            }
+            let short = spirv(&kernel, Some(&[7; 3])).unwrap_err();
+            assert!(short.contains("no word"), "{short}");
         }
     }
 
@@ -960,18 +1078,18 @@ mod tests {
             activation: None,
             residual: None,
         };
-        assert!(spirv(&kernel).unwrap_err().contains("f32"));
+        assert!(spirv(&kernel, None).unwrap_err().contains("f32"));
         let kernel = TensorMatmul {
             input: DType::F16,
             output: DType::I32,
             ..kernel
         };
-        assert!(spirv(&kernel).unwrap_err().contains("i32"));
+        assert!(spirv(&kernel, None).unwrap_err().contains("i32"));
         let kernel = TensorMatmul {
             output: DType::F16,
             activation: Some(UnaryOp::Exp),
             ..kernel
         };
-        assert!(spirv(&kernel).unwrap_err().contains("Exp"));
+        assert!(spirv(&kernel, None).unwrap_err().contains("Exp"));
     }
 }

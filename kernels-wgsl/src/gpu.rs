@@ -65,17 +65,26 @@ pub struct TensorMatmul {
 }
 
 impl TensorMatmul {
-    /// Output rows and columns per workgroup, and k per step. On the H200 at 4096^3 (f16,
-    /// TFLOP/s): 256 x 128 x 32 147, 128 x 256 x 32 144, 128 x 128 x 64 136, 128 x 256 x 64
-    /// 115, 128 x 256 x 16 108, 256 x 256 x 16 97, 256 x 128 x 64 96. Other tiles won on
-    /// some of GPT-2's shapes on the H100, by up to a fifth, but bf16 training moved by less
-    /// than 1% with them (`benches/README.md`).
-    pub const TILE: [u32; 3] = [256, 128, 32];
+    /// Output rows and columns per workgroup, and k per step. On the H100 at 4096^3, compiled
+    /// for the product's sizes (f16, TFLOP/s): 128 x 256 x 32 267, 256 x 128 x 32 253; and
+    /// faster on each of GPT-2's products but the LM head (`benches/README.md`). Reading
+    /// its sizes, on the H200: 256 x 128 x 32 147, 128 x 256 x 32 144, 128 x 128 x 64 136.
+    pub const TILE: [u32; 3] = [128, 256, 32];
     /// The tile of [`TensorMatmul::narrow`] kernels, for outputs of at most its width:
     /// attention's products over its head dimension.
     pub const NARROW_TILE: [u32; 3] = [256, 64, 32];
     /// Invocations per workgroup.
     pub const THREADS: u32 = 256;
+
+    /// Whether this kernel's tiles cover a product of `m x n` over `k`, in parts of
+    /// `k_per_split`, exactly: each a whole multiple of the tile's side.
+    pub fn covers(&self, m: usize, n: usize, k: usize, k_per_split: usize) -> bool {
+        let [tm, tn, tk] = self.tile().map(|t| t as usize);
+        m.is_multiple_of(tm)
+            && n.is_multiple_of(tn)
+            && k.is_multiple_of(tk)
+            && k_per_split.is_multiple_of(tk)
+    }
 
     /// This kernel's tile.
     pub fn tile(&self) -> [u32; 3] {
@@ -158,6 +167,13 @@ pub struct Dispatch<'a> {
     pub immediate: bool,
     /// Workgroups along x, y and z; a zero dispatches nothing.
     pub grid: [u32; 3],
+    /// Whether the backend may compile the kernel for this very parameter block, a pipeline
+    /// per distinct block: set for the tensor-core matmul where its tiles cover the product
+    /// exactly ([`TensorMatmul::covers`]), which NVIDIA's compiler then makes almost twice as
+    /// fast (`backend-vulkan`'s `tensor_matmul.rs`). Only there, so that products of
+    /// changing sizes (prompts of each length) do not each wait for a compile. Backends may
+    /// ignore it.
+    pub specialize: bool,
 }
 
 /// A device that runs WGSL compute kernels: wgpu, and Vulkan through naga.

@@ -842,13 +842,15 @@ const SPLIT_K_TILES: usize = 264;
 const MIN_K_PER_SPLIT: usize = 512;
 
 /// How the tensor-core kernels split K for `tiles` output tiles of 128 x 128: (splits, k per
-/// split, a multiple of the kernels' k step).
+/// split, a multiple of the kernels' k steps: of [`TensorMatmul::tile`]'s, so that its tiles
+/// cover each part exactly where they cover k).
 fn split_k(tiles: usize, k: usize) -> (usize, usize) {
     if tiles >= SPLIT_K_TILES || k < 2 * MIN_K_PER_SPLIT {
         return (1, k);
     }
     let splits = SPLIT_K_TILES.div_ceil(tiles).min(k / MIN_K_PER_SPLIT);
-    let k_per_split = k.div_ceil(splits).next_multiple_of(8);
+    let step = TensorMatmul::TILE[2].max(TensorMatmul::NARROW_TILE[2]) as usize;
+    let k_per_split = k.div_ceil(splits).next_multiple_of(step);
     (k.div_ceil(k_per_split), k_per_split)
 }
 
@@ -998,6 +1000,7 @@ fn launch_tensor(
     } else {
         problem
     };
+    let exact = plain.covers(m, n, problem.k, problem.k_per_split);
     if problem.splits == 1 {
         let grid = [grid[0], grid[1], gpu.dim(problem.batch)];
         let Op::Matmul { activation, .. } = *op else {
@@ -1012,9 +1015,16 @@ fn launch_tensor(
         };
         let key = key(op, inputs, outputs, &variant);
         let kernel = Source::TensorMatmul(kernel);
-        return Some(run_native(gpu, &key, kernel, inputs, outputs, grid, |o| {
-            problem.params(o)
-        }));
+        return Some(run_native(
+            gpu,
+            &key,
+            kernel,
+            inputs,
+            outputs,
+            grid,
+            exact,
+            |o| problem.params(o),
+        ));
     }
     Some((|| {
         let (partials, layout) = partial_sums(gpu, partial_bytes)?;
@@ -1031,6 +1041,7 @@ fn launch_tensor(
             &inputs[..2],
             &[sums],
             grid,
+            exact,
             |o| operands.params(o),
         )?;
         sum_splits(gpu, op, &subst[..2], problem, sums, outputs)

@@ -369,12 +369,14 @@ pub(crate) fn run_grid<P: ParamBlock>(
             &block(),
         )))
     };
-    dispatch(gpu, key, make, inputs, outputs, grid, |offsets| {
+    dispatch(gpu, key, make, inputs, outputs, grid, false, |offsets| {
         (params(offsets).words(), P::wgsl as fn() -> String)
     })
 }
 
-/// As [`run_grid`], for a kernel the backend writes itself ([`Source::TensorMatmul`]).
+/// As [`run_grid`], for a kernel the backend writes itself ([`Source::TensorMatmul`]), which
+/// it may compile for this launch's parameters where `specialize` ([`Dispatch::specialize`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_native<P: ParamBlock>(
     gpu: &dyn Gpu,
     key: &str,
@@ -382,6 +384,7 @@ pub(crate) fn run_native<P: ParamBlock>(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     grid: [u32; 3],
+    specialize: bool,
     params: impl FnOnce(&[usize]) -> P,
 ) -> Result<()> {
     dispatch(
@@ -391,13 +394,16 @@ pub(crate) fn run_native<P: ParamBlock>(
         inputs,
         outputs,
         grid,
+        specialize,
         |offsets| (params(offsets).words(), P::wgsl as fn() -> String),
     )
 }
 
 /// Views of `inputs` then `outputs`, the parameter words and the maker of their WGSL
 /// declaration (called only to compile) that `params` gives for their element offsets, and
-/// the dispatch of the kernel cached under `key`, made by `make` on a miss.
+/// the dispatch of the kernel cached under `key`, made by `make` on a miss (for these words,
+/// where `specialize` lets the backend: [`Dispatch::specialize`]).
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     gpu: &dyn Gpu,
     key: &str,
@@ -405,6 +411,7 @@ fn dispatch(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     grid: [u32; 3],
+    specialize: bool,
     params: impl FnOnce(&[usize]) -> (Vec<u32>, fn() -> String),
 ) -> Result<()> {
     let mut binds = Vec::with_capacity(inputs.len() + outputs.len());
@@ -422,6 +429,7 @@ fn dispatch(
         params: &words,
         immediate: build.immediate_words.is_some(),
         grid,
+        specialize,
     };
     let mut make = Some(make);
     gpu.dispatch(&dispatch, &mut || match make.take() {

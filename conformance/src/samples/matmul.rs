@@ -1,6 +1,6 @@
 //! Matmul samples: batched, broadcast batches, transposed operands, every epilogue, K = 0,
-//! few rows, split K, and large products with sizes off multiples of 8; normalized products
-//! (`NormMatmul`) of both norms, in one kernel's reach and past it.
+//! few rows, split K, sizes in whole tiles, and large products with sizes off multiples of 8;
+//! normalized products (`NormMatmul`) of both norms, in one kernel's reach and past it.
 
 use tessera::ops::NormKind;
 use tessera::{DType, Op, UnaryOp};
@@ -166,6 +166,22 @@ pub(super) fn samples() -> Vec<Sample> {
             true,
         ),
         plain(&[2, 3], &[3, 4], c(), c()).gradcheck(),
+        // Sizes in whole multiples of 256 x 256 x 32, which tiles of a tensor-core kernel may
+        // cover exactly (backends may then load them without bounds checks): batched, a
+        // linear weight with a bias and a residual, a transposed operand, an output 64 wide,
+        // and a long K that may be split.
+        plain(&[2, 256, 64], &[2, 64, 256], c(), c()),
+        fused(
+            &[256, 96],
+            &[96, 512],
+            View::Permuted(vec![1, 0]),
+            true,
+            None,
+            true,
+        ),
+        plain(&[256, 64], &[64, 256], View::Permuted(vec![1, 0]), c()),
+        plain(&[2, 256, 32], &[2, 32, 64], c(), c()),
+        plain(&[256, 4096], &[4096, 256], View::Permuted(vec![1, 0]), c()).no_backward(),
         // Large products with sizes off multiples of 8, as an LM head's over an odd
         // vocabulary makes them (backends may pad such products for their BLAS): the input
         // gradient (K odd), the weight gradient (a transposed operand, odd output rows), and

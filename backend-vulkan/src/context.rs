@@ -83,7 +83,7 @@ impl Context {
         let bf16_tensor_cores = physical.bf16_tensor_cores;
         let mut bf16_feature = Bfloat16Features::for_tensor_cores();
         let tensor_matmul = physical.tensor_matmul;
-        let mut matrix2_feature = Matrix2Features::for_tensor_matmul();
+        let mut matrix2_feature = Matrix2Features::for_tensor_kernels(physical.tensor_attention);
         let pin_subgroups = physical.pin_subgroups;
         let mut size_control_feature = vk::PhysicalDeviceSubgroupSizeControlFeatures::default()
             .subgroup_size_control(true)
@@ -415,6 +415,7 @@ fn describe(
         coop_f16: tensor_cores,
         coop_bf16: tensor_cores && physical.bf16_tensor_cores,
         tensor_matmul: tensor_cores && physical.tensor_matmul,
+        tensor_attention: tensor_cores && physical.tensor_attention,
         cpu: physical.cpu,
         immediate_words: push_constant_bytes as usize / 4,
         subgroups,

@@ -6,7 +6,7 @@
 use std::ffi::{c_void, CStr};
 
 use ash::vk;
-use tessera_wgsl::TensorMatmul;
+use tessera_wgsl::{TensorAttention, TensorMatmul};
 
 use crate::bfloat16::BFLOAT16;
 
@@ -46,13 +46,18 @@ impl Default for Matrix2Features {
 
 impl Matrix2Features {
     /// What the tensor-core matmul needs: workgroup-scope matrices of its tile's sizes,
-    /// tensor layouts, and per-element functions (its rounding to bf16).
-    pub(crate) fn for_tensor_matmul() -> Matrix2Features {
+    /// tensor layouts, and per-element functions (its rounding to bf16); with `attention`,
+    /// also what the tensor-core attention needs: row reductions, and conversions of sums
+    /// into operands.
+    pub(crate) fn for_tensor_kernels(attention: bool) -> Matrix2Features {
+        let also = if attention { vk::TRUE } else { vk::FALSE };
         Matrix2Features {
             workgroup_scope: vk::TRUE,
             flexible_dimensions: vk::TRUE,
             per_element_operations: vk::TRUE,
             tensor_addressing: vk::TRUE,
+            reductions: also,
+            conversions: also,
             ..Matrix2Features::default()
         }
     }
@@ -139,14 +144,23 @@ impl Default for FlexibleDimensions {
 type FlexibleDimensionsQuery =
     unsafe extern "system" fn(vk::PhysicalDevice, *mut u32, *mut FlexibleDimensions) -> vk::Result;
 
-/// Which operand dtypes `pd` multiplies in the tensor-core matmul's workgroup-scope tiles:
-/// (f16, bf16). The caller has checked that `pd` lists the extension (and, for bf16,
-/// `VK_KHR_shader_bfloat16` with its cooperative matrices).
-pub(crate) fn tensor_matmul_inputs(
+/// What the device's workgroup-scope matrices run, each for (f16, bf16) operands: the
+/// tensor-core matmul and the tensor-core attention.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TensorKernels {
+    pub(crate) matmul: (bool, bool),
+    pub(crate) attention: (bool, bool),
+}
+
+/// Which tensor-core kernels `pd` runs, for which operand dtypes: the features, sizes and
+/// invocations they need, and each product of their tiles listed with f32 sums. The caller
+/// has checked that `pd` lists the extension (and, for bf16, `VK_KHR_shader_bfloat16` with
+/// its cooperative matrices).
+pub(crate) fn tensor_kernels(
     entry: &ash::Entry,
     instance: &ash::Instance,
     pd: vk::PhysicalDevice,
-) -> (bool, bool) {
+) -> TensorKernels {
     let mut features = Matrix2Features::default();
     {
         let mut all = vk::PhysicalDeviceFeatures2::default().push_next(&mut features);
@@ -160,13 +174,8 @@ pub(crate) fn tensor_matmul_inputs(
         // SAFETY: as above.
         unsafe { instance.get_physical_device_properties2(pd, &mut all) };
     }
-    let tiles = [TensorMatmul::TILE, TensorMatmul::NARROW_TILE];
-    let largest = tiles.iter().flatten().copied().max().unwrap_or(0);
-    if !features.offered()
-        || properties.workgroup_scope_max_workgroup_size < TensorMatmul::THREADS
-        || properties.flexible_dimensions_max_dimension < largest
-    {
-        return (false, false);
+    if !features.offered() {
+        return TensorKernels::default();
     }
     // SAFETY: the name is a valid C string; the instance is alive.
     let query = unsafe {
@@ -176,7 +185,7 @@ pub(crate) fn tensor_matmul_inputs(
         )
     };
     let Some(query) = query else {
-        return (false, false);
+        return TensorKernels::default();
     };
     // SAFETY: the loader returned this command's entry point, whose signature is declared
     // above from the registry.
@@ -184,33 +193,46 @@ pub(crate) fn tensor_matmul_inputs(
     let mut count = 0u32;
     // SAFETY: `pd` came from this instance; a null array asks for the count.
     if unsafe { query(pd, &mut count, std::ptr::null_mut()) } != vk::Result::SUCCESS {
-        return (false, false);
+        return TensorKernels::default();
     }
     let mut all = vec![FlexibleDimensions::default(); count as usize];
     // SAFETY: `all` holds `count` initialized structures.
     let listed = unsafe { query(pd, &mut count, all.as_mut_ptr()) };
     if listed != vk::Result::SUCCESS && listed != vk::Result::INCOMPLETE {
-        return (false, false);
+        return TensorKernels::default();
     }
     all.truncate(count as usize);
-    let multiplies = |input: vk::ComponentTypeKHR| {
-        all.iter().any(|d| {
-            d.scope == vk::ScopeKHR::WORKGROUP
-                && d.workgroup_invocations == TensorMatmul::THREADS
-                && d.a_type == input
-                && d.b_type == input
-                && d.c_type == vk::ComponentTypeKHR::FLOAT32
-                && d.result_type == vk::ComponentTypeKHR::FLOAT32
-                && d.saturating_accumulation == vk::FALSE
-                && tiles.iter().all(|&[tm, tn, tk]| {
-                    tm % d.m_granularity.max(1) == 0
-                        && tn % d.n_granularity.max(1) == 0
-                        && tk % d.k_granularity.max(1) == 0
-                })
-        })
+    // Whether workgroups of `threads` multiply `input` operands in every tile of `tiles`.
+    let multiplies = |input: vk::ComponentTypeKHR, threads: u32, tiles: &[[u32; 3]]| {
+        let largest = tiles.iter().flatten().copied().max().unwrap_or(0);
+        properties.workgroup_scope_max_workgroup_size >= threads
+            && properties.flexible_dimensions_max_dimension >= largest
+            && all.iter().any(|d| {
+                d.scope == vk::ScopeKHR::WORKGROUP
+                    && d.workgroup_invocations == threads
+                    && d.a_type == input
+                    && d.b_type == input
+                    && d.c_type == vk::ComponentTypeKHR::FLOAT32
+                    && d.result_type == vk::ComponentTypeKHR::FLOAT32
+                    && d.saturating_accumulation == vk::FALSE
+                    && tiles.iter().all(|&[tm, tn, tk]| {
+                        tm % d.m_granularity.max(1) == 0
+                            && tn % d.n_granularity.max(1) == 0
+                            && tk % d.k_granularity.max(1) == 0
+                    })
+            })
     };
-    (
-        multiplies(vk::ComponentTypeKHR::FLOAT16),
-        multiplies(BFLOAT16),
-    )
+    let matmul_tiles = [TensorMatmul::TILE, TensorMatmul::NARROW_TILE];
+    let attention_tiles = TensorAttention::HEADS.map(TensorAttention::tile);
+    let attention_features = features.reductions == vk::TRUE && features.conversions == vk::TRUE;
+    let matmul = |input| multiplies(input, TensorMatmul::THREADS, &matmul_tiles);
+    let attention =
+        |input| attention_features && multiplies(input, TensorAttention::THREADS, &attention_tiles);
+    TensorKernels {
+        matmul: (matmul(vk::ComponentTypeKHR::FLOAT16), matmul(BFLOAT16)),
+        attention: (
+            attention(vk::ComponentTypeKHR::FLOAT16),
+            attention(BFLOAT16),
+        ),
+    }
 }

@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use ash::vk;
 
 use crate::bfloat16::{Bfloat16Features, BFLOAT16, SHADER_BFLOAT16};
-use crate::cooperative_matrix2::{tensor_matmul_inputs, COOPERATIVE_MATRIX2};
+use crate::cooperative_matrix2::{tensor_kernels, TensorKernels, COOPERATIVE_MATRIX2};
 
 /// Held while a logical device is created or destroyed.
 pub(crate) static DEVICE_SETUP: Mutex<()> = Mutex::new(());
@@ -51,6 +51,9 @@ pub(crate) struct Physical {
     /// Whether the tensor-core matmul of workgroup-scope matrices runs for every dtype the
     /// `coop` kernel takes (`cooperative_matrix2.rs`).
     pub(crate) tensor_matmul: bool,
+    /// Whether the tensor-core attention runs too, for the same dtypes
+    /// (`tensor_attention.rs`).
+    pub(crate) tensor_attention: bool,
 
     /// Whether cooperative-matrix kernels are pinned to full subgroups of 32 through
     /// subgroup size control (`VK_EXT_subgroup_size_control`): needed where the device may
@@ -159,10 +162,15 @@ fn usable(
         && has(SHADER_BFLOAT16)
         && bfloat16_features(instance, pd);
     let spirv_1_6 = api.min(props.api_version) >= SPIRV_1_6_VERSION;
-    let tensor_matmul = tensor_cores && spirv_1_6 && has(COOPERATIVE_MATRIX2) && {
-        let (f16, bf16) = tensor_matmul_inputs(entry, instance, pd);
-        f16 && (bf16 || !bf16_tensor_cores)
+    let kernels = if tensor_cores && spirv_1_6 && has(COOPERATIVE_MATRIX2) {
+        tensor_kernels(entry, instance, pd)
+    } else {
+        TensorKernels::default()
     };
+    // Each kernel runs for every dtype the `coop` kernel takes, or not at all.
+    let every_dtype = |(f16, bf16): (bool, bool)| f16 && (bf16 || !bf16_tensor_cores);
+    let tensor_matmul = every_dtype(kernels.matmul);
+    let tensor_attention = tensor_matmul && every_dtype(kernels.attention);
     if v12.timeline_semaphore == vk::FALSE || v11.storage_buffer16_bit_access == vk::FALSE {
         return None;
     }
@@ -181,6 +189,7 @@ fn usable(
         tensor_cores,
         bf16_tensor_cores,
         tensor_matmul,
+        tensor_attention,
         pin_subgroups: tensor_cores && size_control,
     })
 }

@@ -34,7 +34,7 @@ use tessera_wgsl::{PipelineCache, Source, F16_IS_BF16, INDICES_IN_RANGE};
 use crate::bfloat16::f16_as_bf16;
 use crate::driver_cache::DriverCache;
 use crate::memory::{lock, vk_err, Shared};
-use crate::tensor_matmul;
+use crate::{tensor_attention, tensor_matmul};
 
 /// A compiled kernel and the layout it binds with. Pipelines live until their device goes
 /// (after its queue has finished), or are dropped unused when two threads compiled one kernel
@@ -257,6 +257,16 @@ impl Pipelines {
                 })?;
                 // The inputs are read, the output (the last binding) written.
                 let writes = (1..=bindings).map(|b| b == bindings).collect();
+                (words, writes, true)
+            }
+            Source::TensorAttention(kernel) => {
+                let words = tensor_attention::spirv(&kernel).map_err(|log| Error::Compile {
+                    backend: "vulkan".into(),
+                    op: key.into(),
+                    log,
+                })?;
+                // q, k and v are read; the output and the log-sum-exp (the last two) written.
+                let writes = (1..=bindings).map(|b| b + 2 > bindings).collect();
                 (words, writes, true)
             }
         };

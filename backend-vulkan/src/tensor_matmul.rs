@@ -50,9 +50,9 @@ use tessera_core::{DType, UnaryOp};
 use tessera_wgsl::{matmul_param_word, matmul_param_words, TensorMatmul, MAX_BATCH_DIMS};
 
 /// `CooperativeMatrixUse` values.
-const USE_A: u32 = 0;
-const USE_B: u32 = 1;
-const USE_ACCUMULATOR: u32 = 2;
+pub(crate) const USE_A: u32 = 0;
+pub(crate) const USE_B: u32 = 1;
+pub(crate) const USE_ACCUMULATOR: u32 = 2;
 /// The matmul parameter block's batch dimensions.
 const BATCH_DIMS: u32 = MAX_BATCH_DIMS as u32;
 
@@ -64,7 +64,14 @@ pub(crate) fn spirv(kernel: &TensorMatmul, fixed: Option<&[u32]>) -> Result<Vec<
         return Err("a tensor-core matmul of f32 operands".into());
     }
     let output = scalar(kernel.output)?;
-    let mut writer = Writer::new(input, output);
+    let mut writer = Writer::new(
+        input,
+        output,
+        ParamBlock {
+            words: matmul_param_words(),
+            word_of: matmul_param_word,
+        },
+    );
     writer.fixed = fixed.map(<[u32]>::to_vec);
     writer.module(kernel)
 }
@@ -82,7 +89,7 @@ fn tiles_cover(kernel: &TensorMatmul, words: &[u32]) -> bool {
 }
 
 /// The kernel's declaration of dtype `d`.
-fn scalar(d: DType) -> Result<Scalar, String> {
+pub(crate) fn scalar(d: DType) -> Result<Scalar, String> {
     match d {
         DType::F32 => Ok(Scalar::F32),
         DType::F16 => Ok(Scalar::F16),
@@ -93,7 +100,7 @@ fn scalar(d: DType) -> Result<Scalar, String> {
 
 /// A dtype as the kernel declares it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Scalar {
+pub(crate) enum Scalar {
     F32,
     F16,
     BF16,
@@ -108,15 +115,25 @@ impl Scalar {
     }
 }
 
-/// The builder and the ids it has handed out for types and constants.
-struct Writer {
-    b: Builder,
+/// A kernel's parameter block: how many words, and where each field's first word is.
+#[derive(Clone, Copy)]
+pub(crate) struct ParamBlock {
+    pub(crate) words: usize,
+    pub(crate) word_of: fn(&str) -> Option<usize>,
+}
+
+/// The builder and the ids it has handed out for types and constants; the tensor-core
+/// attention (`tensor_attention.rs`) writes its kernel with it too.
+pub(crate) struct Writer {
+    pub(crate) b: Builder,
     input: Scalar,
     output: Scalar,
-    u32: Word,
-    bool: Word,
+    pub(crate) u32: Word,
+    pub(crate) bool: Word,
     floats: HashMap<Scalar, Word>,
     constants: HashMap<u32, Word>,
+    /// The parameter block the kernel reads.
+    block: ParamBlock,
     /// The push-constant block of parameter words and its element pointer type.
     params: Word,
     param_ptr: Word,
@@ -150,7 +167,7 @@ struct Steps {
 }
 
 impl Writer {
-    fn new(input: Scalar, output: Scalar) -> Writer {
+    pub(crate) fn new(input: Scalar, output: Scalar, block: ParamBlock) -> Writer {
         let mut b = Builder::new();
         b.set_version(1, 6);
         let u32 = b.type_int(32, 0);
@@ -163,6 +180,7 @@ impl Writer {
             bool,
             floats: HashMap::new(),
             constants: HashMap::new(),
+            block,
             params: 0,
             param_ptr: 0,
             finish_fn: None,
@@ -174,7 +192,7 @@ impl Writer {
         }
     }
 
-    fn float(&mut self, s: Scalar) -> Word {
+    pub(crate) fn float(&mut self, s: Scalar) -> Word {
         if let Some(&t) = self.floats.get(&s) {
             return t;
         }
@@ -187,7 +205,7 @@ impl Writer {
         t
     }
 
-    fn uint(&mut self, v: u32) -> Word {
+    pub(crate) fn uint(&mut self, v: u32) -> Word {
         if let Some(&c) = self.constants.get(&v) {
             return c;
         }
@@ -197,7 +215,7 @@ impl Writer {
     }
 
     /// A workgroup-scope cooperative matrix type.
-    fn matrix(&mut self, s: Scalar, rows: u32, columns: u32, usage: u32) -> Word {
+    pub(crate) fn matrix(&mut self, s: Scalar, rows: u32, columns: u32, usage: u32) -> Word {
         let component = self.float(s);
         let scope = self.uint(Scope::Workgroup as u32);
         let (rows, columns, usage) = (self.uint(rows), self.uint(columns), self.uint(usage));
@@ -206,7 +224,7 @@ impl Writer {
     }
 
     /// A matrix of `matrix` type with every element zero.
-    fn zeros(&mut self, s: Scalar, matrix: Word) -> Word {
+    pub(crate) fn zeros(&mut self, s: Scalar, matrix: Word) -> Word {
         let t = self.float(s);
         let zero = self.b.constant_null(t);
         self.b.constant_composite(matrix, [zero])
@@ -214,7 +232,13 @@ impl Writer {
 
     /// A storage buffer of `s` values at set 1, `binding`, declared as an array of 16-byte
     /// vectors where `vectors` (tensor loads then know their pointers are aligned).
-    fn buffer(&mut self, s: Scalar, binding: u32, writable: bool, vectors: bool) -> Word {
+    pub(crate) fn buffer(
+        &mut self,
+        s: Scalar,
+        binding: u32,
+        writable: bool,
+        vectors: bool,
+    ) -> Word {
         let (element, stride) = if vectors {
             (self.vector16(), 16)
         } else {
@@ -268,9 +292,9 @@ impl Writer {
         Ok((var, s))
     }
 
-    /// The push-constant block: the matmul parameter words as one array.
-    fn declare_params(&mut self) -> Word {
-        let count = self.uint(matmul_param_words() as u32);
+    /// The push-constant block: the parameter words as one array.
+    pub(crate) fn declare_params(&mut self) -> Word {
+        let count = self.uint(self.block.words as u32);
         let array = self.b.type_array(self.u32, count);
         self.b
             .decorate(array, Decoration::ArrayStride, [Operand::LiteralBit32(4)]);
@@ -289,10 +313,9 @@ impl Writer {
     }
 
     /// Loads parameter word `field` (plus `index` for an array's element).
-    fn param(&mut self, field: &str, index: u32) -> Result<Word, String> {
-        let at = matmul_param_word(field)
-            .ok_or_else(|| format!("the matmul parameters lack `{field}`"))?
-            as u32
+    pub(crate) fn param(&mut self, field: &str, index: u32) -> Result<Word, String> {
+        let at = (self.block.word_of)(field)
+            .ok_or_else(|| format!("the parameter block lacks `{field}`"))? as u32
             + index;
         if let Some(words) = &self.fixed {
             let value = *words
@@ -309,7 +332,7 @@ impl Writer {
     }
 
     /// An instruction `op` of result type `t` on the ids `operands`, at the end of the block.
-    fn inst(&mut self, op: Op, t: Word, operands: &[Word]) -> Result<Word, String> {
+    pub(crate) fn inst(&mut self, op: Op, t: Word, operands: &[Word]) -> Result<Word, String> {
         let r = self.b.id();
         let operands = operands.iter().map(|&id| Operand::IdRef(id)).collect();
         let inst = rspirv::dr::Instruction::new(op, Some(t), Some(r), operands);
@@ -320,26 +343,26 @@ impl Writer {
     }
 
     /// A `u32` operation on `x` and `y`.
-    fn op(&mut self, op: Op, x: Word, y: Word) -> Result<Word, String> {
+    pub(crate) fn op(&mut self, op: Op, x: Word, y: Word) -> Result<Word, String> {
         self.inst(op, self.u32, &[x, y])
     }
 
-    fn add(&mut self, x: Word, y: Word) -> Result<Word, String> {
+    pub(crate) fn add(&mut self, x: Word, y: Word) -> Result<Word, String> {
         self.op(Op::IAdd, x, y)
     }
 
-    fn mul(&mut self, x: Word, y: Word) -> Result<Word, String> {
+    pub(crate) fn mul(&mut self, x: Word, y: Word) -> Result<Word, String> {
         self.op(Op::IMul, x, y)
     }
 
-    fn min(&mut self, x: Word, y: Word) -> Result<Word, String> {
+    pub(crate) fn min(&mut self, x: Word, y: Word) -> Result<Word, String> {
         let less = self.b.u_less_than(self.bool, None, x, y).map_err(build)?;
         self.b.select(self.u32, None, less, x, y).map_err(build)
     }
 
     /// A tensor layout of clamp mode `clamp` with dimensions `dims` and strides `strides`
     /// (outer first).
-    fn layout(
+    pub(crate) fn layout(
         &mut self,
         clamp: TensorClampMode,
         dims: [Word; 2],
@@ -362,7 +385,7 @@ impl Writer {
     }
 
     /// `layout` cut to `[at[0], at[0] + size[0]) x [at[1], at[1] + size[1])`.
-    fn slice(
+    pub(crate) fn slice(
         &mut self,
         layout: Word,
         clamp: TensorClampMode,
@@ -710,7 +733,7 @@ impl Writer {
 
     /// A matrix of type `t` loaded from `ptr` through `slice`, elements outside it keeping
     /// `object`'s; through the `transpose` view where `transposed`.
-    fn load_tensor(
+    pub(crate) fn load_tensor(
         &mut self,
         t: Word,
         ptr: Word,
@@ -818,7 +841,7 @@ impl Writer {
         self.b.f_convert(f32_t, None, x).map_err(build)
     }
 
-    fn constant(&mut self, v: f32) -> Word {
+    pub(crate) fn constant(&mut self, v: f32) -> Word {
         if let Some(&c) = self.float_constants.get(&v.to_bits()) {
             return c;
         }
@@ -829,7 +852,7 @@ impl Writer {
     }
 
     /// GLSL.std.450 instruction `number` on `x`.
-    fn glsl(&mut self, number: u32, x: Word) -> Result<Word, String> {
+    pub(crate) fn glsl(&mut self, number: u32, x: Word) -> Result<Word, String> {
         let set = match self.glsl {
             Some(set) => set,
             None => {
@@ -897,7 +920,7 @@ impl Writer {
     }
 
     /// `x` rounded to the nearest bf16 value (ties to even; NaN stays NaN), still as f32.
-    fn round_to_bf16(&mut self, x: Word) -> Result<Word, String> {
+    pub(crate) fn round_to_bf16(&mut self, x: Word) -> Result<Word, String> {
         let (f32_t, u) = (self.float(Scalar::F32), self.u32);
         let bits = self.b.bitcast(u, None, x).map_err(build)?;
         let sixteen = self.uint(16);
@@ -920,7 +943,7 @@ impl Writer {
     /// A 16-byte aligned pointer into the array of buffer `var` (of `s` values, or of 16-byte
     /// vectors where `vectors`) at or before element `at`, and how many elements before `at`
     /// it is: tensor loads and stores take aligned pointers only.
-    fn aligned(
+    pub(crate) fn aligned(
         &mut self,
         s: Scalar,
         var: Word,
@@ -953,7 +976,7 @@ impl Writer {
     }
 
     /// A pointer to element `at` of a buffer's array, where a tensor layout's element 0 is.
-    fn element_ptr(&mut self, s: Scalar, var: Word, at: Word) -> Result<Word, String> {
+    pub(crate) fn element_ptr(&mut self, s: Scalar, var: Word, at: Word) -> Result<Word, String> {
         let zero = self.uint(0);
         let element = self.float(s);
         let ptr = self
@@ -966,8 +989,8 @@ impl Writer {
 }
 
 /// A builder error as text.
-fn build(e: rspirv::dr::Error) -> String {
-    format!("building the tensor-core matmul: {e}")
+pub(crate) fn build(e: rspirv::dr::Error) -> String {
+    format!("building a tensor-core kernel: {e}")
 }
 
 #[cfg(test)]

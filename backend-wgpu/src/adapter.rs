@@ -189,6 +189,7 @@ impl Core {
             coop_bf16: false,
             // Nor can it run SPIR-V of its own.
             tensor_matmul: false,
+            tensor_attention: false,
             cpu: ainfo.device_type == wgpu::DeviceType::Cpu,
             immediate_words,
             subgroups: subgroups && options.subgroups,

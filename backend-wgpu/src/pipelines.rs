@@ -124,8 +124,11 @@ impl Pipelines {
     ) -> Result<Arc<Pipeline>> {
         self.cache.get_or_build(key, immediate, || match source()? {
             Source::Wgsl(src) => self.build(key, bindings, immediate, src),
-            // Never asked for: the adapter's caps offer no tensor-matmul kernels.
+            // Never asked for: the adapter's caps offer no tensor-core kernels.
             Source::TensorMatmul(_) => Err(Error::unsupported("wgpu", "tensor-matmul kernels")),
+            Source::TensorAttention(_) => {
+                Err(Error::unsupported("wgpu", "tensor-attention kernels"))
+            }
         })
     }
 

@@ -15,9 +15,11 @@ use tessera_core::exec::unfused::{index_copy_then_attention, LaunchOp};
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::attention_products;
-use crate::gpu::Gpu;
-use crate::params::{offsets, param_block, MAX_BINDINGS};
-use crate::source::{groups_for, key, no_subst, run, unsupported, wide_along, wide_helpers};
+use crate::gpu::{Gpu, Source, TensorAttention};
+use crate::params::{offsets, param_block, ParamBlock, MAX_BINDINGS};
+use crate::source::{
+    groups_for, key, no_subst, run, run_native, unsupported, wide_along, wide_helpers,
+};
 
 const SRC: &str = include_str!("../kernels/attention.wgsl");
 const ROTARY: &str = include_str!("../kernels/rotary.wgsl");
@@ -50,6 +52,17 @@ param_block! {
         tile: u32,
         offsets: [u32; ATTENTION_BINDINGS],
     }
+}
+
+/// The index of the attention parameter word named `field` (`q_len`, `offsets`: the first of
+/// an array's words), as [`TensorAttention`] kernels read it.
+pub fn attention_param_word(field: &str) -> Option<usize> {
+    AttentionParams::word_of(field)
+}
+
+/// How many words the attention parameters take.
+pub fn attention_param_words() -> usize {
+    AttentionParams::WORDS
 }
 
 param_block! {
@@ -247,6 +260,21 @@ pub(crate) fn launch(
                     }
                     return Ok(());
                 }
+                if let Some(kernel) = tensor_forward(gpu, inputs, outputs, causal) {
+                    let groups = q[2].div_ceil(TensorAttention::ROWS as usize);
+                    let grid = [groups as u32, (q[0] * q[1]) as u32, 1];
+                    let variant = format!("tensor/{}", kernel.head);
+                    return run_native(
+                        gpu,
+                        &key(&shared_op, inputs, outputs, &variant),
+                        Source::TensorAttention(kernel),
+                        inputs,
+                        outputs,
+                        grid,
+                        false,
+                        params,
+                    );
+                }
                 return launch("forward", outputs, query_blocks);
             }
             if attention_products::backward(gpu, inputs, outputs, s[0], causal)? {
@@ -275,6 +303,54 @@ pub(crate) fn launch(
         }
         _ => Err(unsupported(gpu, op)),
     }
+}
+
+/// The backend's tensor-core kernel for attention's forward (`inputs`: q, k, v; `outputs`:
+/// out, lse), where the device has one for these tensors: 16-bit operands of one dtype the
+/// device multiplies on cooperative matrices, a head size it is built for, contiguous q, out
+/// and lse, contiguous key and value rows, whole groups of query heads per key head, a grid
+/// the device allows, and for causal attention no fewer keys than queries (so that every
+/// row sees a key).
+fn tensor_forward(
+    gpu: &dyn Gpu,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    causal: bool,
+) -> Option<TensorAttention> {
+    let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
+    let (out, lse) = (outputs.first()?, outputs.get(1)?);
+    let dtype = q.dtype;
+    let multiplies = match dtype {
+        DType::F16 => gpu.coop_f16(),
+        DType::BF16 => gpu.coop_bf16(),
+        _ => false,
+    };
+    let [b, hq, tq, d] = q.layout.shape[..] else {
+        return None;
+    };
+    let [_, hkv, tk, dk] = k.layout.shape[..] else {
+        return None;
+    };
+    let rows_contiguous =
+        |t: &TensorRef<'_>| t.layout.strides[3] == 1 && t.layout.strides[2] == t.layout.shape[3];
+    let head = TensorAttention::HEADS
+        .into_iter()
+        .find(|&h| h as usize == d)?;
+    let grid_fits = (b * hq) as u64 <= gpu.caps().limits.max_workgroups_per_dim as u64;
+    (gpu.caps().tensor_attention
+        && multiplies
+        && [k.dtype, v.dtype, out.dtype] == [dtype; 3]
+        && lse.dtype == DType::F32
+        && dk == d
+        && v.layout.shape[3] == d
+        && [q, out, lse].iter().all(|t| t.layout.is_contiguous())
+        && rows_contiguous(k)
+        && rows_contiguous(v)
+        && hkv > 0
+        && hq.is_multiple_of(hkv)
+        && grid_fits
+        && (!causal || tk >= tq))
+        .then_some(TensorAttention { dtype, head })
 }
 
 /// The fewest keys a split of forward_rows takes.
@@ -896,6 +972,7 @@ mod tests {
             coop_f16: false,
             coop_bf16: false,
             tensor_matmul: false,
+            tensor_attention: false,
             cpu,
             immediate_words: 64,
             subgroups: true,

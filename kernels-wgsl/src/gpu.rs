@@ -32,6 +32,7 @@ pub const INDICES_IN_RANGE: &str = "// @indices-in-range";
 pub enum Source {
     Wgsl(String),
     TensorMatmul(TensorMatmul),
+    TensorAttention(TensorAttention),
 }
 
 /// A matmul for a backend's own tensor-core kernel ([`Caps::tensor_matmul`]), where WGSL
@@ -96,6 +97,41 @@ impl TensorMatmul {
     }
 }
 
+/// Attention's forward for a backend's own tensor-core kernel ([`Caps::tensor_attention`]):
+/// flash attention on workgroup-scope cooperative matrices (Vulkan's
+/// `VK_NV_cooperative_matrix2`), which WGSL cannot declare.
+///
+/// Each workgroup takes [`TensorAttention::ROWS`] query rows of one (batch, head): grid x over
+/// the blocks of rows, y over batch x heads. It walks the visible keys in blocks of
+/// [`TensorAttention::head`] with an online softmax, multiplying on tensor cores with f32
+/// sums, and writes the output (the operands' dtype) and each row's log-sum-exp of its scaled
+/// scores (f32), as the WGSL forward does. It reads the launch's attention parameter words
+/// ([`crate::attention_param_word`]). Bindings: q, k, v, out, lse. Its planner
+/// (`attention.rs`) sends it only contiguous q, out and lse, key and value rows of
+/// `head` contiguous elements, and causal attention with at least as many keys as queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorAttention {
+    /// q's, k's, v's and the output's dtype: f16, or bf16.
+    pub dtype: DType,
+    /// The head size of q, k and v, one of [`TensorAttention::HEADS`]; also the keys a step.
+    pub head: u32,
+}
+
+impl TensorAttention {
+    /// Query rows per workgroup.
+    pub const ROWS: u32 = 64;
+    /// Invocations per workgroup.
+    pub const THREADS: u32 = 128;
+    /// The head sizes it is built for.
+    pub const HEADS: [u32; 2] = [64, 128];
+
+    /// The tile both of its products multiply, as (m, n, k): the scores `q k^T` and `p v`
+    /// are each [`TensorAttention::ROWS`] x `head` over `head`.
+    pub fn tile(head: u32) -> [u32; 3] {
+        [Self::ROWS, head, head]
+    }
+}
+
 /// Threads per workgroup of every kernel (the WebGPU minimum guaranteed limit).
 pub const WG: u64 = 256;
 
@@ -119,6 +155,9 @@ pub struct Caps {
     /// Whether the backend builds [`TensorMatmul`] kernels, for f16 and (with `coop_bf16`)
     /// bf16 operands; they then take the matmuls the `coop` kernel would.
     pub tensor_matmul: bool,
+    /// Whether the backend builds [`TensorAttention`] kernels, for the dtypes of
+    /// `coop_f16` and `coop_bf16`; they then take attention's forward over many query rows.
+    pub tensor_attention: bool,
     /// Parameter words a launch may pass as immediates (push constants); 0: none.
     pub immediate_words: usize,
     /// Whether workgroup reductions use subgroup operations.

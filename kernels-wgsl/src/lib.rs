@@ -23,8 +23,9 @@
 //!   [`INDICES_IN_RANGE`] (no index clamps needed) and [`F16_IS_BF16`] (its `f16` values are
 //!   bf16, for a backend that can re-encode the type: Vulkan);
 //! - the choice of a backend's own kernel where WGSL cannot say what makes one fast: a
-//!   dispatch's [`Source`] is WGSL or a [`TensorMatmul`] (Vulkan's workgroup-scope
-//!   cooperative matrices), which reads the same parameter block ([`matmul_param_word`]).
+//!   dispatch's [`Source`] is WGSL, a [`TensorMatmul`] or a [`TensorAttention`] (Vulkan's
+//!   workgroup-scope cooperative matrices), each reading the parameter block of the WGSL
+//!   kernels it stands in for ([`matmul_param_word`], [`attention_param_word`]).
 //!
 //! What it does not own: compiling, recording, submitting and synchronizing work, bind
 //! groups, memory, host copies, profiling. A backend implements [`Gpu`] (capabilities,
@@ -55,11 +56,12 @@ mod random;
 mod reduce;
 mod source;
 
+pub use attention::{attention_param_word, attention_param_words};
 pub use cache::PipelineCache;
 pub use dispatch::{check_supported, launch};
 pub use gpu::{
-    device_dtypes, Binding, Caps, Dispatch, Gpu, Source, TensorMatmul, F16_IS_BF16,
-    INDICES_IN_RANGE, WG,
+    device_dtypes, Binding, Caps, Dispatch, Gpu, Source, TensorAttention, TensorMatmul,
+    F16_IS_BF16, INDICES_IN_RANGE, WG,
 };
 pub use kernel::WgslKernel;
 pub use matmul::{matmul_param_word, matmul_param_words, MAX_BATCH_DIMS};

@@ -1,0 +1,549 @@
+//! Attention's forward on tensor cores, written as SPIR-V ([`TensorAttention`]): flash
+//! attention on workgroup-scope cooperative matrices (`VK_NV_cooperative_matrix2`), with the
+//! builder of the tensor-core matmul (`tensor_matmul.rs`). It stands in for the WGSL forward
+//! kernel (`kernels/attention.wgsl`), which computes every score a thread per row; it reads
+//! the same parameter block and binds the same tensors (q, k, v, out, lse).
+//!
+//! Each workgroup takes [`TensorAttention::ROWS`] query rows of one (batch, head) and walks
+//! the keys they see in blocks of `head` (the head size, so that a block's scores and the
+//! output are matrices of one type). Per block, with every sum in f32:
+//!
+//! 1. `S = scale * q k^T` on tensor cores; scores of keys a row does not see (past the keys,
+//!    or after it where causal) become `HIDDEN`;
+//! 2. the online softmax: the rows' running maximum `m`, `P = exp(S - m)`, the running sum
+//!    `l` rescaled by `exp(m_old - m)` plus `P`'s row sums (reductions over rows);
+//! 3. `O = O exp(m_old - m) + P v`, with `P` as the sum of two matrices of the operands'
+//!    dtype (`hi`, rounded, and `lo`, what rounding left out), since tensor cores take only
+//!    that dtype: one rounding of `P` to bf16 (8 significant bits) would cost the output
+//!    more than its own rounding does.
+//!
+//! At the end each row's `O / l` is stored (bf16 rounded to nearest even first, as the WGSL
+//! kernels round), and `m + ln l`, the log-sum-exp the backward pass reads.
+
+use rspirv::binary::Assemble;
+use rspirv::dr::Operand;
+use rspirv::spirv::{
+    AddressingModel, BuiltIn, Capability, CooperativeMatrixReduce, Decoration, ExecutionMode,
+    ExecutionModel, FunctionControl, LoopControl, MemoryAccess, MemoryModel, Op, SelectionControl,
+    StorageClass, TensorAddressingOperands, TensorClampMode, Word,
+};
+use tessera_wgsl::{attention_param_word, attention_param_words, TensorAttention};
+
+use crate::tensor_matmul::{
+    build, scalar, ParamBlock, Scalar, Writer, USE_A, USE_ACCUMULATOR, USE_B,
+};
+
+/// The score of a key a row does not see: -f32::MAX / 2, finite so that the difference of two
+/// such scores stays finite (no NaN from `inf - inf`) and its exponential is zero.
+const HIDDEN: u32 = 0xfeff_ffff;
+
+/// GLSL.std.450 instructions.
+const EXP: u32 = 27;
+const LOG: u32 = 28;
+
+/// The kernel's SPIR-V words, or what stops it (a dtype or head size it does not take).
+pub(crate) fn spirv(kernel: &TensorAttention) -> Result<Vec<u32>, String> {
+    let s = scalar(kernel.dtype)?;
+    if s == Scalar::F32 {
+        return Err("a tensor-core attention of f32 operands".into());
+    }
+    if !TensorAttention::HEADS.contains(&kernel.head) {
+        return Err(format!(
+            "a tensor-core attention of head size {}",
+            kernel.head
+        ));
+    }
+    let block = ParamBlock {
+        words: attention_param_words(),
+        word_of: attention_param_word,
+    };
+    let mut w = Writer::new(s, s, block);
+    declare_module(&mut w, s);
+    // Bindings 1 to 5: q, k, v, the output, the log-sum-exp.
+    let buffers = [
+        w.buffer(s, 1, false, false),
+        w.buffer(s, 2, false, false),
+        w.buffer(s, 3, false, false),
+        w.buffer(s, 4, true, false),
+        w.buffer(Scalar::F32, 5, true, false),
+    ];
+    let fns = Functions::declare(&mut w, buffers[4]);
+    main(&mut w, s, kernel.head, &fns, buffers)?;
+    fns.emit(&mut w, s)?;
+    Ok(w.b.module().assemble())
+}
+
+/// The module's capabilities, extensions and memory model.
+fn declare_module(w: &mut Writer, s: Scalar) {
+    for c in [
+        Capability::Shader,
+        Capability::VulkanMemoryModel,
+        Capability::StorageBuffer16BitAccess,
+        Capability::CooperativeMatrixKHR,
+        Capability::TensorAddressingNV,
+        Capability::CooperativeMatrixTensorAddressingNV,
+        Capability::CooperativeMatrixReductionsNV,
+        Capability::CooperativeMatrixConversionsNV,
+        Capability::CooperativeMatrixPerElementOperationsNV,
+    ] {
+        w.b.capability(c);
+    }
+    if s == Scalar::F16 {
+        w.b.capability(Capability::Float16);
+    } else {
+        w.b.capability(Capability::BFloat16TypeKHR);
+        w.b.capability(Capability::BFloat16CooperativeMatrixKHR);
+    }
+    for e in [
+        "SPV_KHR_cooperative_matrix",
+        "SPV_NV_cooperative_matrix2",
+        "SPV_NV_tensor_addressing",
+    ] {
+        w.b.extension(e);
+    }
+    if s == Scalar::BF16 {
+        w.b.extension("SPV_KHR_bfloat16");
+    }
+    w.b.memory_model(AddressingModel::Logical, MemoryModel::Vulkan);
+}
+
+/// The entry point: one workgroup's rows of one (batch, head), over `buffers` (q, k, v, out,
+/// lse).
+fn main(
+    w: &mut Writer,
+    s: Scalar,
+    head: u32,
+    fns: &Functions,
+    buffers: [Word; 5],
+) -> Result<(), String> {
+    let [q_var, k_var, v_var, o_var, lse_var] = buffers;
+    let (rows, d) = (TensorAttention::ROWS, head);
+    let (f, u) = (w.float(Scalar::F32), w.u32);
+    // A block's scores and the output are both `rows x head` sums (keys a step = head).
+    let a_mat = w.matrix(s, rows, d, USE_A);
+    let b_mat = w.matrix(s, d, d, USE_B);
+    let sums = w.matrix(Scalar::F32, rows, d, USE_ACCUMULATOR);
+    let sums16 = w.matrix(s, rows, d, USE_ACCUMULATOR);
+    let zero_a = w.zeros(s, a_mat);
+    let zero_b = w.zeros(s, b_mat);
+    let zero_sums = w.zeros(Scalar::F32, sums);
+    let hidden = w.constant(f32::from_bits(HIDDEN));
+    let hidden_sums = w.b.constant_composite(sums, [hidden]);
+
+    let params = w.declare_params();
+    let uvec3 = w.b.type_vector(u, 3);
+    let in_ptr = w.b.type_pointer(None, StorageClass::Input, uvec3);
+    let wid_var = w.b.variable(in_ptr, None, StorageClass::Input, None);
+    w.b.decorate(
+        wid_var,
+        Decoration::BuiltIn,
+        [Operand::BuiltIn(BuiltIn::WorkgroupId)],
+    );
+    let (two, one, zero) = (w.uint(2), w.uint(1), w.uint(0));
+    let view_t = {
+        let no_dims = w.b.constant_false(w.bool);
+        w.b.type_tensor_view_nv(two, no_dims, [one, zero])
+    };
+    let sums_ptr = w.b.type_pointer(None, StorageClass::Function, sums);
+    let u32_ptr = w.b.type_pointer(None, StorageClass::Function, u);
+
+    let void = w.b.type_void();
+    let fn_t = w.b.type_function(void, []);
+    let entry =
+        w.b.begin_function(void, None, FunctionControl::NONE, fn_t)
+            .map_err(build)?;
+    w.b.begin_block(None).map_err(build)?;
+    let o_sum_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
+    let l_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
+    let m_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
+    let j_var = w.b.variable(u32_ptr, None, StorageClass::Function, None);
+
+    // Which rows, batch entry and heads this workgroup takes.
+    let wid = w.b.load(uvec3, None, wid_var, None, []).map_err(build)?;
+    let block = w.b.composite_extract(u, None, wid, [0]).map_err(build)?;
+    let bh = w.b.composite_extract(u, None, wid, [1]).map_err(build)?;
+    let heads = w.param("heads", 0)?;
+    let kv_heads = w.param("kv_heads", 0)?;
+    let q_len = w.param("q_len", 0)?;
+    let k_len = w.param("k_len", 0)?;
+    let causal = w.param("causal", 0)?;
+    let scale = w.param("scale", 0)?;
+    let scale = w.b.bitcast(f, None, scale).map_err(build)?;
+    let batch = w.op(Op::UDiv, bh, heads)?;
+    let h = w.op(Op::UMod, bh, heads)?;
+    let group = w.op(Op::UDiv, heads, kv_heads)?;
+    let kv_h = w.op(Op::UDiv, h, group)?;
+    let c_rows = w.uint(rows);
+    let i0 = w.mul(block, c_rows)?;
+    let c_d = w.uint(d);
+
+    // Element offsets: q, the output and the log-sum-exp are contiguous; k and v step by
+    // their strides.
+    let rows_before = w.mul(bh, q_len)?;
+    let head_start = w.mul(rows_before, c_d)?;
+    let q_offset = w.param("offsets", 0)?;
+    let q_base = w.add(q_offset, head_start)?;
+    let o_offset = w.param("offsets", 3)?;
+    let o_base = w.add(o_offset, head_start)?;
+    let lse_offset = w.param("offsets", 4)?;
+    let lse_base = w.add(lse_offset, rows_before)?;
+    let kv_base = |w: &mut Writer, which: u32, name: &str| -> Result<Word, String> {
+        let offset = w.param("offsets", which)?;
+        let batch_stride = w.param(&format!("{name}_batch_stride"), 0)?;
+        let head_stride = w.param(&format!("{name}_head_stride"), 0)?;
+        let along_batch = w.mul(batch, batch_stride)?;
+        let along_heads = w.mul(kv_h, head_stride)?;
+        let at = w.add(offset, along_batch)?;
+        w.add(at, along_heads)
+    };
+    let k_base = kv_base(w, 1, "k")?;
+    let v_base = kv_base(w, 2, "v")?;
+
+    // Rows of `head` elements from 16-byte aligned pointers, `rem` elements in; every layout
+    // clamps (loads past it read zeros, stores past it are dropped).
+    let clamp = TensorClampMode::Constant;
+    let (q_ptr, q_rem) = w.aligned(s, q_var, q_base, false)?;
+    let (k_ptr, k_rem) = w.aligned(s, k_var, k_base, false)?;
+    let (v_ptr, v_rem) = w.aligned(s, v_var, v_base, false)?;
+    let (o_ptr, o_rem) = w.aligned(s, o_var, o_base, false)?;
+    let rows_layout = |w: &mut Writer, count: Word, rem: Word| -> Result<Word, String> {
+        let width = w.add(c_d, rem)?;
+        w.layout(clamp, [count, width], [c_d, one])
+    };
+    let layout_q = rows_layout(w, q_len, q_rem)?;
+    let layout_k = rows_layout(w, k_len, k_rem)?;
+    let layout_v = rows_layout(w, k_len, v_rem)?;
+    let layout_o = rows_layout(w, q_len, o_rem)?;
+    let transpose = w.b.create_tensor_view_nv(view_t, None).map_err(build)?;
+    let slice_q = w.slice(layout_q, clamp, [i0, q_rem], [rows, d])?;
+    let q = w.load_tensor(a_mat, q_ptr, zero_a, slice_q, false, transpose)?;
+
+    // The keys the rows see end at k_len, or (causal) after the last row's own key.
+    let diagonal = w.op(Op::ISub, k_len, q_len)?;
+    let past_rows = w.add(i0, c_rows)?;
+    let reach = w.add(past_rows, diagonal)?;
+    let causal_end = w.min(k_len, reach)?;
+    let is_causal = w.b.i_not_equal(w.bool, None, causal, zero).map_err(build)?;
+    let keys_end =
+        w.b.select(u, None, is_causal, causal_end, k_len)
+            .map_err(build)?;
+
+    w.b.store(o_sum_var, zero_sums, None, []).map_err(build)?;
+    w.b.store(l_var, zero_sums, None, []).map_err(build)?;
+    w.b.store(m_var, hidden_sums, None, []).map_err(build)?;
+    w.b.store(j_var, zero, None, []).map_err(build)?;
+    let (header, body, step, merge) = (w.b.id(), w.b.id(), w.b.id(), w.b.id());
+    w.b.branch(header).map_err(build)?;
+
+    w.b.begin_block(Some(header)).map_err(build)?;
+    let j0 = w.b.load(u, None, j_var, None, []).map_err(build)?;
+    let more = w.b.u_less_than(w.bool, None, j0, keys_end).map_err(build)?;
+    w.b.loop_merge(merge, step, LoopControl::NONE, [])
+        .map_err(build)?;
+    w.b.branch_conditional(more, body, merge, [])
+        .map_err(build)?;
+
+    w.b.begin_block(Some(body)).map_err(build)?;
+    let slice_k = w.slice(layout_k, clamp, [j0, k_rem], [d, d])?;
+    let k_t = w.load_tensor(b_mat, k_ptr, zero_b, slice_k, true, transpose)?;
+    let scores =
+        w.b.cooperative_matrix_mul_add_khr(sums, None, q, k_t, zero_sums, None)
+            .map_err(build)?;
+    let scores = w.inst(Op::MatrixTimesScalar, sums, &[scores, scale])?;
+    let scores = per_element(w, sums, scores, fns.mask, &[i0, j0])?;
+    let row_max = reduce_rows(w, sums, scores, fns.max_of)?;
+    let m_old = w.b.load(sums, None, m_var, None, []).map_err(build)?;
+    let m_new = per_element(w, sums, row_max, fns.larger, &[m_old])?;
+    let p = per_element(w, sums, scores, fns.exp_diff, &[m_new])?;
+    let rescale = per_element(w, sums, m_old, fns.exp_diff, &[m_new])?;
+    let row_sum = reduce_rows(w, sums, p, fns.sum_of)?;
+    let l = w.b.load(sums, None, l_var, None, []).map_err(build)?;
+    let l = w.inst(Op::FMul, sums, &[l, rescale])?;
+    let l = w.inst(Op::FAdd, sums, &[l, row_sum])?;
+    w.b.store(l_var, l, None, []).map_err(build)?;
+    w.b.store(m_var, m_new, None, []).map_err(build)?;
+    // P as hi + lo in the operands' dtype. `hi` is rounded with integer operations: a
+    // conversion to 16 bits and back may be folded away by the driver's compiler (then `lo`
+    // is zero: measured, f16 outputs off by the rounding of P).
+    let hi = per_element(w, sums, p, fns.split, &[])?;
+    let lo = w.inst(Op::FSub, sums, &[p, hi])?;
+    let hi16 = w.b.f_convert(sums16, None, hi).map_err(build)?;
+    let lo16 = w.b.f_convert(sums16, None, lo).map_err(build)?;
+    let p_hi =
+        w.b.cooperative_matrix_convert_nv(a_mat, None, hi16)
+            .map_err(build)?;
+    let p_lo =
+        w.b.cooperative_matrix_convert_nv(a_mat, None, lo16)
+            .map_err(build)?;
+    let slice_v = w.slice(layout_v, clamp, [j0, v_rem], [d, d])?;
+    let v = w.load_tensor(b_mat, v_ptr, zero_b, slice_v, false, transpose)?;
+    let o = w.b.load(sums, None, o_sum_var, None, []).map_err(build)?;
+    let o = w.inst(Op::FMul, sums, &[o, rescale])?;
+    let o =
+        w.b.cooperative_matrix_mul_add_khr(sums, None, p_hi, v, o, None)
+            .map_err(build)?;
+    let o =
+        w.b.cooperative_matrix_mul_add_khr(sums, None, p_lo, v, o, None)
+            .map_err(build)?;
+    w.b.store(o_sum_var, o, None, []).map_err(build)?;
+    w.b.branch(step).map_err(build)?;
+
+    w.b.begin_block(Some(step)).map_err(build)?;
+    let next = w.add(j0, c_d)?;
+    w.b.store(j_var, next, None, []).map_err(build)?;
+    w.b.branch(header).map_err(build)?;
+
+    w.b.begin_block(Some(merge)).map_err(build)?;
+    let o = w.b.load(sums, None, o_sum_var, None, []).map_err(build)?;
+    let l = w.b.load(sums, None, l_var, None, []).map_err(build)?;
+    let m = w.b.load(sums, None, m_var, None, []).map_err(build)?;
+    // Storing the log-sum-exp returns `l` unchanged; dividing by what it returned keeps the
+    // store's call alive.
+    let l = per_element(w, sums, l, fns.store_lse, &[m, lse_base, i0])?;
+    let out = per_element(w, sums, o, fns.finish, &[l])?;
+    let out = w.b.f_convert(sums16, None, out).map_err(build)?;
+    let slice_o = w.slice(layout_o, clamp, [i0, o_rem], [rows, d])?;
+    w.b.cooperative_matrix_store_tensor_nv(
+        o_ptr,
+        out,
+        slice_o,
+        MemoryAccess::NONE,
+        TensorAddressingOperands::NONE,
+        [],
+    )
+    .map_err(build)?;
+    w.b.ret().map_err(build)?;
+    w.b.end_function().map_err(build)?;
+    let interface = vec![q_var, k_var, v_var, o_var, lse_var, params, wid_var];
+    w.b.entry_point(ExecutionModel::GLCompute, entry, "main", interface);
+    w.b.execution_mode(
+        entry,
+        ExecutionMode::LocalSize,
+        [TensorAttention::THREADS, 1, 1],
+    );
+    Ok(())
+}
+
+/// `function` applied to each element of `matrix` (of type `t`), with `extra` operands
+/// (matrices of type `t` pass their element at the same place).
+fn per_element(
+    w: &mut Writer,
+    t: Word,
+    matrix: Word,
+    function: (Word, Word),
+    extra: &[Word],
+) -> Result<Word, String> {
+    let mut operands = vec![matrix, function.0];
+    operands.extend(extra);
+    w.inst(Op::CooperativeMatrixPerElementOpNV, t, &operands)
+}
+
+/// Each row of `matrix` (of type `t`) combined by `function`, the result in every column.
+fn reduce_rows(
+    w: &mut Writer,
+    t: Word,
+    matrix: Word,
+    function: (Word, Word),
+) -> Result<Word, String> {
+    w.b.cooperative_matrix_reduce_nv(t, None, matrix, CooperativeMatrixReduce::ROW, function.0)
+        .map_err(build)
+}
+
+/// The kernel's functions (id, type), called per element or to combine two elements.
+struct Functions {
+    /// `(row, column, score, first row, first key) -> score, or HIDDEN where not seen`.
+    mask: (Word, Word),
+    /// `(x, y) -> max` and `(x, y) -> x + y`: the row reductions' combiners.
+    max_of: (Word, Word),
+    sum_of: (Word, Word),
+    /// `(row, column, x, y) -> max(x, y)` and `-> exp(x - y)`.
+    larger: (Word, Word),
+    exp_diff: (Word, Word),
+    /// `(row, column, p) -> p` rounded to the significand of the operands' dtype.
+    split: (Word, Word),
+    /// `(row, column, l, m, lse base, first row) -> l`, storing `m + ln l` for column 0 at
+    /// the base plus the row's index in its head.
+    store_lse: (Word, Word),
+    /// `(row, column, o, l) -> o / l`, rounded to bf16 for bf16 outputs.
+    finish: (Word, Word),
+    /// The log-sum-exp's buffer.
+    lse_var: Word,
+}
+
+impl Functions {
+    fn declare(w: &mut Writer, lse_var: Word) -> Functions {
+        let (f, u) = (w.float(Scalar::F32), w.u32);
+        let mut declare = |params: &[Word]| {
+            let t = w.b.type_function(f, params.iter().copied());
+            (w.b.id(), t)
+        };
+        Functions {
+            mask: declare(&[u, u, f, u, u]),
+            max_of: declare(&[f, f]),
+            sum_of: declare(&[f, f]),
+            larger: declare(&[u, u, f, f]),
+            exp_diff: declare(&[u, u, f, f]),
+            split: declare(&[u, u, f]),
+            store_lse: declare(&[u, u, f, f, u, u]),
+            finish: declare(&[u, u, f, f]),
+            lse_var,
+        }
+    }
+
+    /// The functions' bodies, after the entry point.
+    fn emit(&self, w: &mut Writer, s: Scalar) -> Result<(), String> {
+        let (f, u, b) = (w.float(Scalar::F32), w.u32, w.bool);
+        let hidden = w.constant(f32::from_bits(HIDDEN));
+        let zero = w.uint(0);
+
+        let [row, col, score, i0, j0] = begin(w, self.mask, [u, u, f, u, u])?;
+        let q_len = w.param("q_len", 0)?;
+        let k_len = w.param("k_len", 0)?;
+        let causal = w.param("causal", 0)?;
+        let query = w.add(i0, row)?;
+        let key = w.add(j0, col)?;
+        let in_keys = w.inst(Op::ULessThan, b, &[key, k_len])?;
+        // Key j is seen by query i when j + q_len <= i + k_len.
+        let key_end = w.add(key, q_len)?;
+        let query_end = w.add(query, k_len)?;
+        let before = w.inst(Op::ULessThanEqual, b, &[key_end, query_end])?;
+        let unmasked = w.inst(Op::IEqual, b, &[causal, zero])?;
+        let allowed = w.inst(Op::LogicalOr, b, &[unmasked, before])?;
+        let seen = w.inst(Op::LogicalAnd, b, &[in_keys, allowed])?;
+        let v = w.inst(Op::Select, f, &[seen, score, hidden])?;
+        end(w, v)?;
+
+        let [x, y] = begin(w, self.max_of, [f, f])?;
+        let v = larger(w, x, y)?;
+        end(w, v)?;
+
+        let [x, y] = begin(w, self.sum_of, [f, f])?;
+        let v = w.inst(Op::FAdd, f, &[x, y])?;
+        end(w, v)?;
+
+        let [_, _, x, y] = begin(w, self.larger, [u, u, f, f])?;
+        let v = larger(w, x, y)?;
+        end(w, v)?;
+
+        let [_, _, x, y] = begin(w, self.exp_diff, [u, u, f, f])?;
+        let d = w.inst(Op::FSub, f, &[x, y])?;
+        let v = w.glsl(EXP, d)?;
+        end(w, v)?;
+
+        let [_, _, x] = begin(w, self.split, [u, u, f])?;
+        // Significand bits of f32 that the 16-bit dtype lacks.
+        let dropped = if s == Scalar::BF16 { 16 } else { 13 };
+        let v = round_significand(w, x, dropped)?;
+        end(w, v)?;
+
+        let [row, col, l, m, base, i0] = begin(w, self.store_lse, [u, u, f, f, u, u])?;
+        let q_len = w.param("q_len", 0)?;
+        let query = w.add(i0, row)?;
+        let in_rows = w.inst(Op::ULessThan, b, &[query, q_len])?;
+        let first = w.inst(Op::IEqual, b, &[col, zero])?;
+        let stores = w.inst(Op::LogicalAnd, b, &[in_rows, first])?;
+        let (then, merge) = (w.b.id(), w.b.id());
+        w.b.selection_merge(merge, SelectionControl::NONE)
+            .map_err(build)?;
+        w.b.branch_conditional(stores, then, merge, [])
+            .map_err(build)?;
+        w.b.begin_block(Some(then)).map_err(build)?;
+        let ln = w.glsl(LOG, l)?;
+        let lse = w.inst(Op::FAdd, f, &[m, ln])?;
+        let at = w.add(base, query)?;
+        let ptr = w.element_ptr(Scalar::F32, self.lse_var, at)?;
+        w.b.store(ptr, lse, None, []).map_err(build)?;
+        w.b.branch(merge).map_err(build)?;
+        w.b.begin_block(Some(merge)).map_err(build)?;
+        end(w, l)?;
+
+        let [_, _, o, l] = begin(w, self.finish, [u, u, f, f])?;
+        let mut v = w.inst(Op::FDiv, f, &[o, l])?;
+        if s == Scalar::BF16 {
+            v = w.round_to_bf16(v)?;
+        }
+        end(w, v)
+    }
+}
+
+/// Begins `function` (returning f32) with parameters of types `params`, and its first block.
+fn begin<const N: usize>(
+    w: &mut Writer,
+    function: (Word, Word),
+    params: [Word; N],
+) -> Result<[Word; N], String> {
+    let f = w.float(Scalar::F32);
+    w.b.begin_function(f, Some(function.0), FunctionControl::NONE, function.1)
+        .map_err(build)?;
+    let mut ids = [0; N];
+    for (id, t) in ids.iter_mut().zip(params) {
+        *id = w.b.function_parameter(t).map_err(build)?;
+    }
+    w.b.begin_block(None).map_err(build)?;
+    Ok(ids)
+}
+
+/// Returns `v` and ends the function.
+fn end(w: &mut Writer, v: Word) -> Result<(), String> {
+    w.b.ret_value(v).map_err(build)?;
+    w.b.end_function().map_err(build)
+}
+
+/// f32 `x` rounded to nearest even at its significand's bit `dropped` (its `dropped` lowest
+/// bits cleared), still as f32: a value of the 16-bit dtype wherever that has the exponent.
+fn round_significand(w: &mut Writer, x: Word, dropped: u32) -> Result<Word, String> {
+    let (f, u) = (w.float(Scalar::F32), w.u32);
+    let bits = w.b.bitcast(u, None, x).map_err(build)?;
+    let shift = w.uint(dropped);
+    let one = w.uint(1);
+    let odd = w.op(Op::ShiftRightLogical, bits, shift)?;
+    let odd = w.op(Op::BitwiseAnd, odd, one)?;
+    let half = w.uint((1 << (dropped - 1)) - 1);
+    let biased = w.add(bits, half)?;
+    let biased = w.add(biased, odd)?;
+    let kept = w.uint(!((1u32 << dropped) - 1));
+    let rounded = w.op(Op::BitwiseAnd, biased, kept)?;
+    w.b.bitcast(f, None, rounded).map_err(build)
+}
+
+/// The larger of f32 `x` and `y`.
+fn larger(w: &mut Writer, x: Word, y: Word) -> Result<Word, String> {
+    let (f, b) = (w.float(Scalar::F32), w.bool);
+    let above = w.inst(Op::FOrdGreaterThan, b, &[x, y])?;
+    w.inst(Op::Select, f, &[above, x, y])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::DType;
+
+    #[test]
+    fn every_variant_is_a_module() {
+        for dtype in [DType::F16, DType::BF16] {
+            for head in TensorAttention::HEADS {
+                let words = spirv(&TensorAttention { dtype, head }).unwrap();
+                let mut loader = rspirv::dr::Loader::new();
+                rspirv::binary::parse_words(&words, &mut loader).unwrap();
+                let module = loader.module();
+                assert_eq!(module.entry_points.len(), 1, "{dtype:?} head {head}");
+                // The entry point and the eight per-element or combining functions.
+                assert_eq!(module.functions.len(), 9, "{dtype:?} head {head}");
+            }
+        }
+    }
+
+    #[test]
+    fn f32_and_other_head_sizes_are_refused() {
+        let f32_kernel = TensorAttention {
+            dtype: DType::F32,
+            head: 64,
+        };
+        assert!(spirv(&f32_kernel).unwrap_err().contains("f32"));
+        let odd_head = TensorAttention {
+            dtype: DType::F16,
+            head: 96,
+        };
+        assert!(spirv(&odd_head).unwrap_err().contains("head size 96"));
+    }
+}

@@ -260,11 +260,12 @@ impl Pipelines {
                 (words, writes, true)
             }
             Source::TensorAttention(kernel) => {
-                let words = tensor_attention::spirv(&kernel).map_err(|log| Error::Compile {
-                    backend: "vulkan".into(),
-                    op: key.into(),
-                    log,
-                })?;
+                let words =
+                    tensor_attention::spirv(&kernel, fixed).map_err(|log| Error::Compile {
+                        backend: "vulkan".into(),
+                        op: key.into(),
+                        log,
+                    })?;
                 // q, k and v are read; the output and the log-sum-exp (the last two) written.
                 let writes = (1..=bindings).map(|b| b + 2 > bindings).collect();
                 (words, writes, true)

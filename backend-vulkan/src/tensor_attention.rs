@@ -41,8 +41,9 @@ const HIDDEN: u32 = 0xfeff_ffff;
 const EXP: u32 = 27;
 const LOG: u32 = 28;
 
-/// The kernel's SPIR-V words, or what stops it (a dtype or head size it does not take).
-pub(crate) fn spirv(kernel: &TensorAttention) -> Result<Vec<u32>, String> {
+/// The kernel's SPIR-V words, reading its parameter block or compiled for the block `fixed`
+/// alone; or what stops it (a dtype or head size it does not take).
+pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<Vec<u32>, String> {
     let s = scalar(kernel.dtype)?;
     if s == Scalar::F32 {
         return Err("a tensor-core attention of f32 operands".into());
@@ -58,19 +59,32 @@ pub(crate) fn spirv(kernel: &TensorAttention) -> Result<Vec<u32>, String> {
         word_of: attention_param_word,
     };
     let mut w = Writer::new(s, s, block);
+    w.fixed = fixed.map(<[u32]>::to_vec);
+    let exact = fixed.is_some_and(|words| blocks_cover(kernel, words));
     declare_module(&mut w, s);
-    // Bindings 1 to 5: q, k, v, the output, the log-sum-exp.
+    // Bindings 1 to 5: q, k, v, the output, the log-sum-exp; the operands as 16-byte vectors
+    // where the blocks cover them, so that their loads are known aligned.
     let buffers = [
-        w.buffer(s, 1, false, false),
-        w.buffer(s, 2, false, false),
-        w.buffer(s, 3, false, false),
+        w.buffer(s, 1, false, exact),
+        w.buffer(s, 2, false, exact),
+        w.buffer(s, 3, false, exact),
         w.buffer(s, 4, true, false),
         w.buffer(Scalar::F32, 5, true, false),
     ];
     let fns = Functions::declare(&mut w, buffers[4]);
-    main(&mut w, s, kernel.head, &fns, buffers)?;
+    main(&mut w, s, kernel.head, &fns, buffers, exact)?;
     fns.emit(&mut w, s)?;
     Ok(w.b.module().assemble())
+}
+
+/// Whether the blocks of `kernel` cover the rows of parameter block `words` exactly
+/// ([`TensorAttention::covers`]).
+fn blocks_cover(kernel: &TensorAttention, words: &[u32]) -> bool {
+    let word = |field| attention_param_word(field).and_then(|at| words.get(at).copied());
+    match [word("q_len"), word("k_len")] {
+        [Some(q_len), Some(k_len)] => kernel.covers(q_len as usize, k_len as usize),
+        _ => false,
+    }
 }
 
 /// The module's capabilities, extensions and memory model.
@@ -108,13 +122,14 @@ fn declare_module(w: &mut Writer, s: Scalar) {
 }
 
 /// The entry point: one workgroup's rows of one (batch, head), over `buffers` (q, k, v, out,
-/// lse).
+/// lse); `exact` where the blocks cover the rows (loads and stores need no clamping).
 fn main(
     w: &mut Writer,
     s: Scalar,
     head: u32,
     fns: &Functions,
     buffers: [Word; 5],
+    exact: bool,
 ) -> Result<(), String> {
     let [q_var, k_var, v_var, o_var, lse_var] = buffers;
     let (rows, d) = (TensorAttention::ROWS, head);
@@ -199,12 +214,16 @@ fn main(
     let k_base = kv_base(w, 1, "k")?;
     let v_base = kv_base(w, 2, "v")?;
 
-    // Rows of `head` elements from 16-byte aligned pointers, `rem` elements in; every layout
-    // clamps (loads past it read zeros, stores past it are dropped).
-    let clamp = TensorClampMode::Constant;
-    let (q_ptr, q_rem) = w.aligned(s, q_var, q_base, false)?;
-    let (k_ptr, k_rem) = w.aligned(s, k_var, k_base, false)?;
-    let (v_ptr, v_rem) = w.aligned(s, v_var, v_base, false)?;
+    // Rows of `head` elements from 16-byte aligned pointers, `rem` elements in. Unless the
+    // blocks cover the rows, layouts clamp: loads past them read zeros, stores are dropped.
+    let clamp = if exact {
+        TensorClampMode::Undefined
+    } else {
+        TensorClampMode::Constant
+    };
+    let (q_ptr, q_rem) = w.aligned(s, q_var, q_base, exact)?;
+    let (k_ptr, k_rem) = w.aligned(s, k_var, k_base, exact)?;
+    let (v_ptr, v_rem) = w.aligned(s, v_var, v_base, exact)?;
     let (o_ptr, o_rem) = w.aligned(s, o_var, o_base, false)?;
     let rows_layout = |w: &mut Writer, count: Word, rem: Word| -> Result<Word, String> {
         let width = w.add(c_d, rem)?;
@@ -522,7 +541,8 @@ mod tests {
     fn every_variant_is_a_module() {
         for dtype in [DType::F16, DType::BF16] {
             for head in TensorAttention::HEADS {
-                let words = spirv(&TensorAttention { dtype, head }).unwrap();
+                let kernel = TensorAttention { dtype, head };
+                let words = spirv(&kernel, None).unwrap();
                 let mut loader = rspirv::dr::Loader::new();
                 rspirv::binary::parse_words(&words, &mut loader).unwrap();
                 let module = loader.module();
@@ -534,16 +554,48 @@ mod tests {
     }
 
     #[test]
+    fn every_variant_compiles_for_a_fixed_block() {
+        let at = |field| attention_param_word(field).unwrap();
+        for dtype in [DType::F16, DType::BF16] {
+            for head in TensorAttention::HEADS {
+                let kernel = TensorAttention { dtype, head };
+                // Rows in whole blocks (unclamped) and ragged (clamped).
+                for (q_len, k_len) in [(128, 256), (70, 100)] {
+                    let mut words = vec![0; attention_param_words()];
+                    for (field, value) in [
+                        ("batch", 2),
+                        ("heads", 4),
+                        ("kv_heads", 2),
+                        ("q_len", q_len),
+                        ("k_len", k_len),
+                        ("causal", 1),
+                    ] {
+                        words[at(field)] = value;
+                    }
+                    assert_eq!(
+                        blocks_cover(&kernel, &words),
+                        q_len % 64 == 0 && k_len % head == 0
+                    );
+                    let spirv = spirv(&kernel, Some(&words)).unwrap();
+                    let mut loader = rspirv::dr::Loader::new();
+                    rspirv::binary::parse_words(&spirv, &mut loader).unwrap();
+                    assert_eq!(loader.module().entry_points.len(), 1);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn f32_and_other_head_sizes_are_refused() {
         let f32_kernel = TensorAttention {
             dtype: DType::F32,
             head: 64,
         };
-        assert!(spirv(&f32_kernel).unwrap_err().contains("f32"));
+        assert!(spirv(&f32_kernel, None).unwrap_err().contains("f32"));
         let odd_head = TensorAttention {
             dtype: DType::F16,
             head: 96,
         };
-        assert!(spirv(&odd_head).unwrap_err().contains("head size 96"));
+        assert!(spirv(&odd_head, None).unwrap_err().contains("head size 96"));
     }
 }

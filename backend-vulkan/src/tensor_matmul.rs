@@ -147,7 +147,7 @@ pub(crate) struct Writer {
     glsl: Option<Word>,
     /// The parameter block the kernel is compiled for, its words constants; `None` where it
     /// reads them.
-    fixed: Option<Vec<u32>>,
+    pub(crate) fixed: Option<Vec<u32>>,
 }
 
 /// What the loop over k of a tile needs: matrix types (`a`, `b`, sum), zero matrices, the

@@ -271,7 +271,7 @@ pub(crate) fn launch(
                         inputs,
                         outputs,
                         grid,
-                        false,
+                        kernel.covers(q[2], kk[2]),
                         params,
                     );
                 }

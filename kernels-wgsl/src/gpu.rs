@@ -125,6 +125,13 @@ impl TensorAttention {
     /// The head sizes it is built for.
     pub const HEADS: [u32; 2] = [64, 128];
 
+    /// Whether its blocks cover `q_len` query rows over `k_len` keys exactly: the backend may
+    /// then compile it for the launch's parameters, its loads and stores unclamped
+    /// ([`Dispatch::specialize`]).
+    pub fn covers(&self, q_len: usize, k_len: usize) -> bool {
+        q_len.is_multiple_of(Self::ROWS as usize) && k_len.is_multiple_of(self.head as usize)
+    }
+
     /// The tile both of its products multiply, as (m, n, k): the scores `q k^T` and `p v`
     /// are each [`TensorAttention::ROWS`] x `head` over `head`.
     pub fn tile(head: u32) -> [u32; 3] {

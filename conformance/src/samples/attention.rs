@@ -1,6 +1,7 @@
 //! Rotary and attention samples: sequences beyond 512, head dims 64/80/128/256, grouped-query
 //! heads, KV-cache offsets (Tq < Tk) and keys and values read from a cache's buffer, rows with
-//! no visible key; attention over a cache at device positions.
+//! no visible key, rows and keys in whole blocks of a tensor-core kernel; attention over a
+//! cache at device positions.
 
 use tessera::{DType, Op};
 
@@ -93,7 +94,12 @@ impl Problem {
     }
 }
 
-const PROBLEMS: [Problem; 17] = [
+const PROBLEMS: [Problem; 20] = [
+    // Rows and keys in whole blocks of a tensor-core kernel (64 query rows, head-size keys):
+    // compiled for their sizes, unclamped.
+    p(true, [1, 2, 1, 128, 128, 64, 64]),
+    p(true, [1, 2, 2, 64, 192, 64, 64]),
+    p(false, [1, 2, 2, 64, 256, 128, 128]),
     p(true, [2, 4, 2, 17, 17, 64, 64]),
     p(false, [2, 4, 2, 17, 17, 64, 64]),
     p(true, [1, 2, 1, 600, 600, 64, 64]),
@@ -132,9 +138,10 @@ pub(super) fn forward() -> Vec<Sample> {
         p(true, [1, 4, 2, 1, 200, 64, 64]),
         p(true, [2, 4, 2, 9, 30, 32, 48]),
         p(true, [1, 2, 2, 70, 100, 64, 64]),
+        p(true, [1, 2, 2, 64, 128, 64, 64]),
     ]
     .iter()
-    .zip([24, 5, 28])
+    .zip([24, 5, 28, 32])
     {
         let mut inputs = pr.qkv();
         for kv in &mut inputs[1..] {

@@ -51,10 +51,11 @@
 //! Where the device's workgroup-scope matrices also reduce rows and convert sums into operands
 //! (`cooperativeMatrixReductions`, `cooperativeMatrixConversions`), attention's forward over
 //! many query rows in f16 and bf16 runs flash attention on tensor cores, written the same way
-//! (`tensor_attention.rs`, `Caps::tensor_attention`): GPT-2's forward attention went from 11.4
-//! to 4.5 ms a training step on the H200. Its backward still runs as products around a row
-//! pass (`tessera-wgsl`'s `attention_products.rs`), about 20 ms of a bf16 training step there:
-//! a flash backward on the same matrices is the next step.
+//! (`tensor_attention.rs`, `Caps::tensor_attention`), compiled for the launch's sizes where its
+//! rows and keys fill whole blocks: GPT-2's forward attention went from 11.4 to 3.1 ms a bf16
+//! training step on the H200. Its backward still runs as products around a row pass
+//! (`tessera-wgsl`'s `attention_products.rs`), about 19 ms of that step: a flash backward on
+//! the same matrices is the next step (`benches/README.md` has the arithmetic).
 //!
 //! Where the device offers `robustBufferAccess` (lavapipe and NVIDIA do), it is opened with
 //! it and kernels are compiled without naga's clamps on buffer indices: the driver keeps every
@@ -64,12 +65,14 @@
 //!
 //! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H100,
 //! GPT-2 124M training at 0.83x PyTorch eager in f32 and 0.73x in bf16, decoding at about
-//! 2,040 tokens/s in f16, matmul 4096^3 at 41 (f32), 283 (f16) and 290 (bf16) TFLOP/s.
+//! 2,040 tokens/s in f16, matmul 4096^3 at 41 (f32), 283 (f16) and 290 (bf16) TFLOP/s; on an
+//! H200, bf16 training at 0.78x (76.8 against 59.7 ms a step) and decoding at 2,144 tokens/s.
 //!
 //! Not yet here (the backend's issue lists the targets): f16 matmuls at the issue's 300
 //! TFLOP/s (NVIDIA's own reference kernels reach 280 to 292 through Vulkan on the H100;
-//! `tensor_matmul.rs` says what was tried), and bf16 training at PyTorch's speed. Also next:
-//! attention's forward as products on the tensor-core kernel.
+//! `tensor_matmul.rs` says what was tried), and bf16 training at PyTorch's speed: next, the
+//! flash backward, the heads' copies (about 6 ms of a step) and the optimizer's four launches
+//! per parameter (about 5 ms).
 
 mod bfloat16;
 mod context;

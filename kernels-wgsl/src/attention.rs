@@ -336,7 +336,9 @@ fn tensor_forward(
     let head = TensorAttention::HEADS
         .into_iter()
         .find(|&h| h as usize == d)?;
-    let grid_fits = (b * hq) as u64 <= gpu.caps().limits.max_workgroups_per_dim as u64;
+    let max_groups = gpu.caps().limits.max_workgroups_per_dim;
+    let blocks = tq.div_ceil(TensorAttention::ROWS as usize);
+    let grid_fits = b * hq <= max_groups && blocks <= max_groups;
     (gpu.caps().tensor_attention
         && multiplies
         && [k.dtype, v.dtype, out.dtype] == [dtype; 3]

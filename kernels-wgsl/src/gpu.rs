@@ -216,9 +216,10 @@ pub struct Dispatch<'a> {
     /// Whether the backend may compile the kernel for this very parameter block, a pipeline
     /// per distinct block: set for the tensor-core matmul where its tiles cover the product
     /// exactly ([`TensorMatmul::covers`]), which NVIDIA's compiler then makes almost twice as
-    /// fast (`backend-vulkan`'s `tensor_matmul.rs`). Only there, so that products of
-    /// changing sizes (prompts of each length) do not each wait for a compile. Backends may
-    /// ignore it.
+    /// fast (`backend-vulkan`'s `tensor_matmul.rs`), or cover its k in a very large product;
+    /// and for the tensor-core attention where its blocks cover the rows and keys
+    /// ([`TensorAttention::covers`]). Only there, so that work of changing sizes (prompts of
+    /// each length) does not each time wait for a compile. Backends may ignore it.
     pub specialize: bool,
 }
 

@@ -1014,7 +1014,9 @@ fn launch_tensor(
     let exact = plain.covers(m, n, problem.k, problem.k_per_split);
     let tk = plain.tile()[2] as usize;
     let k_whole = problem.k.is_multiple_of(tk) && problem.k_per_split.is_multiple_of(tk);
-    let work = problem.batch * m * n * problem.k;
+    let work = [m, n, problem.k]
+        .iter()
+        .fold(problem.batch, |w, &d| w.saturating_mul(d));
     let specialize = exact || (k_whole && work >= SPECIALIZED_RAGGED_WORK);
     if problem.splits == 1 {
         let grid = [grid[0], grid[1], gpu.dim(problem.batch)];

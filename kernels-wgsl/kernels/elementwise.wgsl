@@ -16,3 +16,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         BODY
     }
 }
+
+// @kernel map_wide
+// A thread per 8 elements along a contiguous innermost dimension, `params.elements` a
+// multiple of 8; the generated code loads and stores 16-byte vectors (`wide_body`).
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = params.elements / 8u;
+    let step = group_count(nwg) * WG;
+    for (var g = group_index(wid, nwg) * WG + lid; g < n; g += step) {
+        let i = g * 8u;
+        OFFSETS
+        BODY
+    }
+}

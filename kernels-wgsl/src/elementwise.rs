@@ -1,11 +1,17 @@
 //! Elementwise ops: casts, copies, unary and binary math, comparisons, select, SwiGLU. One
 //! kernel shape for all: every operand read in place through its strides.
+//!
+//! Copies, float casts, unary and binary math whose operands are all floats that step through
+//! their innermost dimension in whole 16-byte vectors ([`wide_operands`]) run a thread per
+//! [`GROUP`] elements instead (`map_wide`): vector loads and stores, and no atomics for bf16
+//! outputs, whose one-element stores must update half a 32-bit word atomically. The heads'
+//! copies into and out of attention's layout are such copies.
 
 use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Error, Op, Result, TensorRef, UnaryOp};
 
 use crate::gpu::Gpu;
 use crate::params::{offsets, param_block};
-use crate::source::{groups_for, key, run, unsupported};
+use crate::source::{groups_for, key, run, unsupported, wide_elements};
 
 const SRC: &str = include_str!("../kernels/elementwise.wgsl");
 
@@ -15,6 +21,8 @@ const MAX_DIMS: usize = 8;
 /// Operands of an elementwise op, inputs and outputs (SwiGLU's backward has five). With
 /// [`MAX_DIMS`] they keep [`MapParams`] within 64 words, which immediates hold.
 const MAX_OPERANDS: usize = 5;
+/// Elements a thread of `map_wide` takes: one 16-byte vector of a 16-bit dtype, two of f32.
+const GROUP: usize = 8;
 
 param_block! {
     /// The map kernel's parameters: the output's `elements` in a (merged) `shape`, every
@@ -150,26 +158,37 @@ pub(crate) fn launch(
             ),
         ));
     }
+    let wide = wide_operands(gpu, &tensors, &shape, &strides)
+        .then(|| {
+            let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype).collect();
+            wide_body(op, &dtypes, outputs[0].dtype)
+        })
+        .flatten();
+    let (variant, kernel, threads) = match wide {
+        Some(_) => (format!("wide{rank}"), "map_wide", n / GROUP),
+        None => (format!("map{rank}"), "map", n),
+    };
     run(
         gpu,
-        &key(op, inputs, outputs, &format!("map{rank}")),
+        &key(op, inputs, outputs, &variant),
         SRC,
-        "map",
+        kernel,
         || {
+            let body = match &wide {
+                Some(body) => body.clone(),
+                None => map_body(op, inputs).ok_or_else(|| unsupported(gpu, op))?,
+            };
             Ok(vec![
                 (
                     "OFFSETS",
                     operand_offsets(rank, inputs.len() + outputs.len()),
                 ),
-                (
-                    "BODY",
-                    map_body(op, inputs).ok_or_else(|| unsupported(gpu, op))?,
-                ),
+                ("BODY", body),
             ])
         },
         inputs,
         outputs,
-        groups_for(n),
+        groups_for(threads),
         |offs| {
             let mut params = MapParams {
                 elements: n as u32,
@@ -234,6 +253,123 @@ fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Option<String> {
     })
 }
 
+/// Whether every operand (a float dtype) steps through the innermost of the merged `shape`
+/// contiguously, [`GROUP`] elements at a time in whole 16-byte vectors: that dimension a
+/// whole number of groups long, and every offset and other stride a whole number of vectors,
+/// in bindings that start 16-byte aligned.
+fn wide_operands(
+    gpu: &dyn Gpu,
+    tensors: &[&TensorRef<'_>],
+    shape: &[usize],
+    strides: &[Vec<usize>],
+) -> bool {
+    let Some(last) = shape.len().checked_sub(1) else {
+        return false;
+    };
+    gpu.align().is_multiple_of(16)
+        && shape[last].is_multiple_of(GROUP)
+        && tensors.iter().zip(strides).all(|(t, st)| {
+            wide_elements(t.dtype).is_some_and(|per_vector| {
+                st[last] == 1
+                    && t.layout.offset.is_multiple_of(per_vector)
+                    && st[..last].iter().all(|s| s.is_multiple_of(per_vector))
+            })
+        })
+}
+
+/// The code of a `map_wide` thread on its [`GROUP`] elements (operand offsets `o0`, `o1`,
+/// ... of the first): the inputs loaded as vectors, the op per element in f32 (a copy moves
+/// the vectors themselves, bit for bit), the output stored as vectors. `None` for ops it
+/// does not take.
+fn wide_body(op: &Op, inputs: &[DType], out_dtype: DType) -> Option<String> {
+    let ni = inputs.len();
+    let out = ni + 1;
+    let vectors = |dtype: DType| GROUP / wide_elements(dtype).unwrap_or(GROUP);
+    if matches!(op, Op::Copy) {
+        let per = GROUP / vectors(out_dtype);
+        return Some(
+            (0..vectors(out_dtype))
+                .map(|h| format!("stv{out}(o{ni} / {per}u + {h}u, ldv1(o0 / {per}u + {h}u));\n"))
+                .collect(),
+        );
+    }
+    let expr = match op {
+        Op::Cast { .. } => "x".to_string(),
+        Op::Unary(u) => unary(*u).to_string(),
+        Op::UnaryBackward(u) => format!("dy * {}", derivative(*u)),
+        Op::Binary(b) => binary(*b).to_string(),
+        _ => return None,
+    };
+    let names: &[&str] = match op {
+        Op::UnaryBackward(_) => &["x", "dy"],
+        Op::Binary(_) => &["a", "b"],
+        _ => &["x"],
+    };
+    let mut code = String::from("var r: array<f32, 8>;\n");
+    for (k, &dtype) in inputs.iter().enumerate() {
+        let per = GROUP / vectors(dtype);
+        for h in 0..vectors(dtype) {
+            code += &format!("let v{k}_{h} = ldv{}(o{k} / {per}u + {h}u);\n", k + 1);
+        }
+    }
+    for j in 0..GROUP {
+        let lets: String = inputs
+            .iter()
+            .zip(names)
+            .enumerate()
+            .map(|(k, (&dtype, name))| format!("let {name} = {}; ", unpack(dtype, k, j)))
+            .collect();
+        code += &format!("{{ {lets}r[{j}] = {expr}; }}\n");
+    }
+    for h in 0..vectors(out_dtype) {
+        let per = GROUP / vectors(out_dtype);
+        code += &format!("stv{out}(o{ni} / {per}u + {h}u, {});\n", pack(out_dtype, h));
+    }
+    Some(code)
+}
+
+/// Element `j` of input `k`'s group (vectors `vK_H`) as f32.
+fn unpack(dtype: DType, k: usize, j: usize) -> String {
+    match dtype {
+        DType::F32 => format!("bitcast<f32>(v{k}_{}[{}])", j / 4, j % 4),
+        DType::F16 => format!("unpack2x16float(v{k}_0[{}])[{}]", j / 2, j % 2),
+        _ if j % 2 == 0 => format!("bitcast<f32>(v{k}_0[{}] << 16u)", j / 2),
+        _ => format!("bitcast<f32>(v{k}_0[{}] & 0xffff0000u)", j / 2),
+    }
+}
+
+/// Vector `h` of the group's results `r` in `dtype`, rounded as the one-element stores round.
+fn pack(dtype: DType, h: usize) -> String {
+    let word = |w: usize| match dtype {
+        // Values already rounded to f16 pack exactly, whatever rounding the packing does.
+        DType::F16 => format!(
+            "pack2x16float(vec2<f32>(f32(to_f16(r[{}])), f32(to_f16(r[{}]))))",
+            2 * w,
+            2 * w + 1
+        ),
+        _ => format!("(bf16_bits(r[{}]) | (bf16_bits(r[{}]) << 16u))", 2 * w, 2 * w + 1),
+    };
+    match dtype {
+        DType::F32 => {
+            let i = 4 * h;
+            format!(
+                "bitcast<vec4<u32>>(vec4<f32>(r[{}], r[{}], r[{}], r[{}]))",
+                i,
+                i + 1,
+                i + 2,
+                i + 3
+            )
+        }
+        _ => format!(
+            "vec4<u32>({}, {}, {}, {})",
+            word(0),
+            word(1),
+            word(2),
+            word(3)
+        ),
+    }
+}
+
 /// WGSL that sets `o0`, `o1`, ... to each of `tensors` operands' offset of element `i`, for
 /// a shape of `rank` dimensions ([`MapParams`]).
 fn operand_offsets(rank: usize, tensors: usize) -> String {
@@ -255,11 +391,44 @@ fn operand_offsets(rank: usize, tensors: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{operand_offsets, MapParams, SRC};
+    use super::{operand_offsets, wide_body, MapParams, SRC};
     use crate::gpu::Build;
     use crate::params::ParamBlock;
     use crate::source::source;
-    use tessera_core::DType;
+    use tessera_core::{BinaryOp, DType, Op, UnaryOp};
+
+    /// The wide map kernel's WGSL validates for every op it takes, between every pair of
+    /// float dtypes.
+    #[test]
+    fn the_wide_map_kernel_is_valid_wgsl() {
+        let floats = [DType::F32, DType::F16, DType::BF16];
+        let ops = [
+            (Op::Copy, 1),
+            (Op::Cast { to: DType::F32 }, 1),
+            (Op::Unary(UnaryOp::Gelu), 1),
+            (Op::Unary(UnaryOp::Affine), 1),
+            (Op::UnaryBackward(UnaryOp::Gelu), 2),
+            (Op::Binary(BinaryOp::Maximum), 2),
+        ];
+        for (op, arity) in ops {
+            for (&from, &to) in floats.iter().flat_map(|a| floats.iter().map(move |b| (a, b))) {
+                if matches!(op, Op::Copy) && from != to {
+                    continue;
+                }
+                let inputs = vec![from; arity];
+                let body = wide_body(&op, &inputs, to).expect("a wide op");
+                let mut bindings: Vec<(DType, bool)> = inputs.iter().map(|&d| (d, false)).collect();
+                bindings.push((to, true));
+                let subst = [("OFFSETS", operand_offsets(2, arity + 1)), ("BODY", body)];
+                let build = Build {
+                    immediate_words: None,
+                    subgroups: false,
+                };
+                let src = source(SRC, "map_wide", &bindings, &subst, build, &MapParams::wgsl());
+                crate::source::assert_valid(&src, &format!("{op:?} {from} to {to}"));
+            }
+        }
+    }
 
     /// The map kernel's WGSL for each rank parses and validates as the device would see it.
     #[test]

@@ -9,9 +9,9 @@
 //! `stK(e, v: f32)` (converting as `Cast` does), `ldnK`/`stnK` in its native type (`f32`,
 //! `f16`, `i32`, `u32`; bool as a `u32` 0 or 1; bf16 as its 16 bits in a `u32`), and for
 //! index dtypes `ldiK(e) -> i32` (a u32 past `i32::MAX` reads as -1, i.e. out of range).
-//! An input binding whose kernel calls `ldvK(i)` is declared as 16-byte vectors instead
-//! (`array<vec4<u32>>`; f32, f16 and bf16): `ldvK(i)` returns vector `i` and `ldK(e)` element
-//! `e`, for kernels that load wide.
+//! A binding whose kernel calls `ldvK(i)` or `stvK(i, x)` is declared as 16-byte vectors
+//! instead (`array<vec4<u32>>`; f32, f16 and bf16): `ldvK(i)` returns vector `i`, `stvK`
+//! writes it, and `ldK(e)` reads element `e`, for kernels that load and store wide.
 //!
 //! A kernel calling `wg_sum` or `wg_max` ends its entry point's parameters with
 //! `@builtin(local_invocation_index) lid: u32` followed by the placeholder `SUBGROUP_ARGS`,
@@ -261,7 +261,7 @@ pub(crate) fn source(
         .enumerate()
         .map(|(i, &(dtype, output))| {
             let k = i + 1;
-            match src.contains(&format!("ldv{k}(")) {
+            match src.contains(&format!("ldv{k}(")) || src.contains(&format!("stv{k}(")) {
                 true => wide_binding(k, dtype),
                 false => binding(k, dtype, output),
             }

@@ -77,16 +77,19 @@ pub(super) fn unary(u: UnaryOp) -> Vec<Sample> {
             .scalars(&scalars)
             .gradcheck(),
         );
-        let nonfinite = Gen::Special(Box::new(uniform(-3.0, 3.0)));
-        out.push(
-            Sample::new(
-                op.clone(),
-                format!("[9, 29] NaN/inf {scalars:?}"),
-                vec![input(&[9, 29], nonfinite)],
-            )
-            .scalars(&scalars)
-            .no_backward(),
-        );
+        // Rows of 29 elements go one at a time, rows of 16 may go 16 bytes at a time.
+        for shape in [[9, 29], [6, 16]] {
+            let nonfinite = Gen::Special(Box::new(uniform(-3.0, 3.0)));
+            out.push(
+                Sample::new(
+                    op.clone(),
+                    format!("{shape:?} NaN/inf {scalars:?}"),
+                    vec![input(&shape, nonfinite)],
+                )
+                .scalars(&scalars)
+                .no_backward(),
+            );
+        }
     }
     out
 }
@@ -112,15 +115,17 @@ pub(super) fn unary_backward(u: UnaryOp) -> Vec<Sample> {
                     .scalars(&scalars),
             );
         }
-        let nonfinite = Gen::Special(Box::new(uniform(-3.0, 3.0)));
-        out.push(
-            Sample::new(
-                op.clone(),
-                format!("[9, 29] NaN/inf {scalars:?}"),
-                vec![input(&[9, 29], nonfinite), input(&[9, 29], special())],
-            )
-            .scalars(&scalars),
-        );
+        for shape in [[9, 29], [6, 16]] {
+            let nonfinite = Gen::Special(Box::new(uniform(-3.0, 3.0)));
+            out.push(
+                Sample::new(
+                    op.clone(),
+                    format!("{shape:?} NaN/inf {scalars:?}"),
+                    vec![input(&shape, nonfinite), input(&shape, special())],
+                )
+                .scalars(&scalars),
+            );
+        }
     }
     out
 }
@@ -212,6 +217,12 @@ pub(super) fn binary(bop: BinaryOp) -> Vec<Sample> {
             op.clone(),
             "[9, 29] NaN/inf",
             vec![input(&[9, 29], special()), input(&[9, 29], special())],
+        )
+        .no_backward(),
+        Sample::new(
+            op.clone(),
+            "[6, 16] NaN/inf",
+            vec![input(&[6, 16], special()), input(&[6, 16], special())],
         )
         .no_backward(),
     ];
@@ -423,17 +434,19 @@ pub(super) fn cast() -> Vec<Sample> {
             )
             .no_backward(),
         );
-        out.push(
-            Sample::new(
-                op.clone(),
-                format!("to {to} NaN/inf"),
-                vec![input(
-                    &[9, 29],
-                    Gen::Special(Box::new(uniform(-100.0, 100.0))),
-                )],
-            )
-            .no_backward(),
-        );
+        for shape in [[9, 29], [6, 16]] {
+            out.push(
+                Sample::new(
+                    op.clone(),
+                    format!("to {to} {shape:?} NaN/inf"),
+                    vec![input(
+                        &shape,
+                        Gen::Special(Box::new(uniform(-100.0, 100.0))),
+                    )],
+                )
+                .no_backward(),
+            );
+        }
         // Finite differences see a rounding cast as a step function: only f64 is smooth.
         if to == DType::F64 {
             out.push(
@@ -514,6 +527,16 @@ pub(super) fn copy() -> Vec<Sample> {
         Sample::new(op.clone(), "[9, 13]", x(&[9, 13], View::Offset(1)))
             .dtypes(&ANY_DTYPE)
             .out_view(View::Padded(4)),
-        Sample::new(op, "[9, 29] NaN/inf", vec![input(&[9, 29], special())]).no_backward(),
+        Sample::new(
+            op.clone(),
+            "[2, 3, 4, 16] heads",
+            x(&[2, 3, 4, 16], View::Permuted(vec![0, 2, 1, 3])),
+        )
+        .dtypes(&ANY_DTYPE),
+        Sample::new(op.clone(), "[2, 4, 3, 16]", x(&[2, 4, 3, 16], View::Offset(8)))
+            .dtypes(&ANY_DTYPE)
+            .out_view(View::Permuted(vec![0, 2, 1, 3])),
+        Sample::new(op.clone(), "[9, 29] NaN/inf", vec![input(&[9, 29], special())]).no_backward(),
+        Sample::new(op, "[6, 16] NaN/inf", vec![input(&[6, 16], special())]).no_backward(),
     ]
 }

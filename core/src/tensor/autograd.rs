@@ -741,10 +741,15 @@ fn vjp(
                 }
                 None => g.clone(),
             };
-            let mut grads = vec![
-                Some(g_pre.matmul(&b.transpose(-1, -2)?)?),
-                Some(a.transpose(-1, -2)?.matmul(&g_pre)?),
-            ];
+            // A linear layer's `b` is its weight `[out, in]` transposed: its gradient is taken
+            // as `g^T a` and handed back transposed, so that it reaches the weight row-major
+            // instead of being copied there.
+            let b_transposed = a.rank() == 2 && b.rank() == 2 && b.transpose(0, 1)?.is_contiguous();
+            let grad_b = match b_transposed {
+                true => g_pre.transpose(0, 1)?.matmul(a)?.transpose(0, 1)?,
+                false => a.transpose(-1, -2)?.matmul(&g_pre)?,
+            };
+            let mut grads = vec![Some(g_pre.matmul(&b.transpose(-1, -2)?)?), Some(grad_b)];
             if *bias {
                 let lead: Vec<usize> = (0..g.rank() - 1).collect();
                 grads.push(Some(g_pre.sum(&lead, false)?));

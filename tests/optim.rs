@@ -80,3 +80,60 @@ fn adam_with_l2_weight_decay() {
     close(&p, &[1.0 - 0.1 * 0.6 / (0.6 + 1e-8)]);
     assert_eq!(opt.steps(), 1);
 }
+
+/// Parameters, gradients and state packed back to back in one allocation each
+/// (`Tensor::zeros_packed`) take one update for the group; it gives the bits that one update
+/// per parameter gives.
+#[test]
+fn adamw_over_packed_parameters_matches_one_update_per_parameter() {
+    let device = tessera::open_device("cpu").unwrap();
+    let shapes: [&[usize]; 3] = [&[2, 3], &[5], &[4, 2]];
+    let values = |k: usize, n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| ((i * 7 + k * 13) % 11) as f64 * 0.25 - 1.2)
+            .collect()
+    };
+    let run = |packed: bool| -> Vec<Vec<f64>> {
+        let tensors: Vec<Tensor> = if packed {
+            Tensor::zeros_packed(&shapes, DType::F32, &device).unwrap()
+        } else {
+            shapes
+                .iter()
+                .map(|s| Tensor::zeros(s, DType::F32, &device).unwrap())
+                .collect()
+        };
+        let grads: Vec<Tensor> = if packed {
+            Tensor::zeros_packed(&shapes, DType::F32, &device).unwrap()
+        } else {
+            shapes
+                .iter()
+                .map(|s| Tensor::zeros(s, DType::F32, &device).unwrap())
+                .collect()
+        };
+        let mut params = Vec::new();
+        for (k, ((t, g), shape)) in tensors.iter().zip(&grads).zip(shapes).enumerate() {
+            let n = shape.iter().product();
+            t.copy_from(&Tensor::from_f64(&values(k, n), shape, DType::F32, &device).unwrap())
+                .unwrap();
+            g.copy_from(&Tensor::from_f64(&values(k + 5, n), shape, DType::F32, &device).unwrap())
+                .unwrap();
+            let p = t.requires_grad();
+            p.set_grad(Some(g.clone()));
+            params.push((format!("p{k}"), p));
+        }
+        let refs: Vec<&Tensor> = params.iter().map(|(_, p)| p).collect();
+        assert_eq!(Tensor::span(&refs).is_some(), packed);
+        let handles: Vec<Tensor> = params.iter().map(|(_, p)| p.clone()).collect();
+        let mut opt = Adam::adamw(vec![ParamGroup::new(params, 0.1)], 0.9, 0.95, 1e-8).unwrap();
+        let scale = Tensor::full(&[1], 0.5, DType::F32, &device).unwrap();
+        for _ in 0..3 {
+            opt.step(0.01, &scale).unwrap();
+        }
+        handles.iter().map(|p| p.to_vec_f64().unwrap()).collect()
+    };
+    let (packed, separate) = (run(true), run(false));
+    for (a, b) in packed.iter().zip(&separate) {
+        let bits = |v: &[f64]| v.iter().map(|x| (*x as f32).to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b));
+    }
+}

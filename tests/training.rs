@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tessera::data::AdditionTask;
 use tessera::models::{Transformer, TransformerConfig};
-use tessera::optim::Schedule;
+use tessera::optim::{ParamGroup, Schedule};
 use tessera::rng::RngState;
 use tessera::train::{Precision, TrainOptions, Trainer};
 use tessera::{DType, Device, Tensor};
@@ -27,8 +27,14 @@ fn options(precision: Precision) -> TrainOptions {
     }
 }
 
-fn trainer(device: &Arc<dyn Device>, task: &AdditionTask, precision: Precision) -> Trainer {
-    let config = TransformerConfig::gpt2(task.vocab_size(), 16, 32, 2, 2);
+/// A small GPT-2 of width `d_model` over the task's ids.
+fn trainer(
+    device: &Arc<dyn Device>,
+    task: &AdditionTask,
+    precision: Precision,
+    d_model: usize,
+) -> Trainer {
+    let config = TransformerConfig::gpt2(task.vocab_size(), 16, d_model, 2, 2);
     let mut rng = RngState::new(5);
     let model = Transformer::new(&config, device, DType::F32, &mut rng).unwrap();
     Trainer::new(
@@ -51,10 +57,10 @@ fn batch(task: &AdditionTask, trainer: &mut Trainer, n: usize) -> (Tensor, Tenso
     )
 }
 
-fn learns(precision: Precision) {
+fn learns(precision: Precision, d_model: usize) -> Trainer {
     let device = cpu();
     let task = AdditionTask::new(2).unwrap();
-    let mut t = trainer(&device, &task, precision);
+    let mut t = trainer(&device, &task, precision, d_model);
     let (mut losses, mut skipped) = (Vec::new(), 0);
     for _ in 0..120 {
         let b = batch(&task, &mut t, 16);
@@ -86,16 +92,34 @@ fn learns(precision: Precision) {
         last < 0.7 * first,
         "{precision:?}: loss went from {first} to {last}"
     );
+    t
+}
+
+/// Whether each parameter group of `model` lies packed in one allocation.
+fn packed(model: &Transformer) -> bool {
+    ParamGroup::decay_matrices(tessera::nn::parameters(model), 0.0)
+        .iter()
+        .all(|g| Tensor::span(&g.params.iter().map(|(_, t)| t).collect::<Vec<_>>()).is_some())
 }
 
 #[test]
 fn bf16_training_learns_with_f32_master_weights() {
-    learns(Precision::Bf16);
+    let t = learns(Precision::Bf16, 32);
+    assert!(!packed(t.weights()), "32 is no multiple of 64 elements");
 }
 
 #[test]
 fn f16_training_learns_with_loss_scaling() {
-    learns(Precision::F16);
+    learns(Precision::F16, 32);
+}
+
+/// With every parameter a multiple of 64 elements, the trainer packs each group of master
+/// and compute weights (and the master gradients) in one allocation, so that updates, the
+/// clipping norm and the cast of master weights take a launch a group; it learns as well.
+#[test]
+fn bf16_training_learns_with_packed_parameter_groups() {
+    let t = learns(Precision::Bf16, 64);
+    assert!(packed(t.weights()) && packed(&t.model));
 }
 
 #[test]

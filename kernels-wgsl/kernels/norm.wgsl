@@ -1,15 +1,18 @@
 // Layer norm and RMS norm over rows, forward and backward; a workgroup per row, tree sums.
+// Rows are written two neighbours per thread (`stK_two`): a bf16 output then takes whole
+// 32-bit words, not one atomic update per element.
 // The weight gradients are summed over rows in a fixed order: by chunks of rows over 64
 // columns at a time where there are many rows, else by a workgroup per column.
 // Parameters: `NormParams` (norm.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
-// A short row (at most 4 x WG elements, held in registers): thread `lid`'s four elements, which
-// of them exist, and their indices clamped into the row (loads stay in it).
+// A short row (at most 4 x WG elements, held in registers): thread `lid`'s four elements, two
+// pairs of neighbours (so that a 16-bit output is written a 32-bit word at a time, without
+// atomics), which of them exist, and their indices clamped into the row (loads stay in it).
 struct Short { j: vec4<u32>, live: vec4<bool>, at: vec4<u32> }
 fn short_row(lid: u32, n: u32) -> Short {
-    let j = vec4<u32>(lid, lid + WG, lid + 2u * WG, lid + 3u * WG);
+    let j = vec4<u32>(2u * lid, 2u * lid + 1u, 2u * (lid + WG), 2u * (lid + WG) + 1u);
     return Short(j, j < vec4<u32>(n), min(j, vec4<u32>(max(n, 1u) - 1u)));
 }
 fn ld1x4(base: u32, at: vec4<u32>) -> vec4<f32> { return vec4<f32>(ld1(base + at.x), ld1(base + at.y), ld1(base + at.z), ld1(base + at.w)); }
@@ -32,8 +35,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var q = 0.0;
         for (var j = lid; j < n; j += WG) { let d = ld1(x0 + j) - mean; q += d * d; }
         let rstd = 1.0 / sqrt(wg_sum(q, lid) / f32(n) + eps);
-        for (var j = lid; j < n; j += WG) {
-            st4(o(4u) + row * n + j, (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j));
+        for (var j = 2u * lid; j < n; j += 2u * WG) {
+            let y = (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j);
+            if (j + 1u < n) {
+                st4_two(o(4u) + row * n + j, y, (ld1(x0 + j + 1u) - mean) * rstd * ld2(o(2u) + j + 1u) + ld3(o(3u) + j + 1u));
+            } else {
+                st4(o(4u) + row * n + j, y);
+            }
         }
         if (lid == 0u) {
             st5(o(5u) + row, mean);
@@ -55,8 +63,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         var q = 0.0;
         for (var j = lid; j < n; j += WG) { let x = ld1(x0 + j); q += x * x; }
         let rstd = 1.0 / sqrt(wg_sum(q, lid) / f32(n) + eps);
-        for (var j = lid; j < n; j += WG) {
-            st3(o(3u) + row * n + j, ld1(x0 + j) * rstd * ld2(o(2u) + j));
+        for (var j = 2u * lid; j < n; j += 2u * WG) {
+            let y = ld1(x0 + j) * rstd * ld2(o(2u) + j);
+            if (j + 1u < n) {
+                st3_two(o(3u) + row * n + j, y, ld1(x0 + j + 1u) * rstd * ld2(o(2u) + j + 1u));
+            } else {
+                st3(o(3u) + row * n + j, y);
+            }
         }
         if (lid == 0u) {
             st4(o(4u) + row, rstd);
@@ -86,10 +99,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let rstd = 1.0 / sqrt(wg_sum(((d.x * d.x + d.y * d.y) + d.z * d.z) + d.w * d.w, lid) / f32(n) + params.eps);
         let y = d * rstd * w + b;
         let y0 = o(4u) + row * n;
-        if (live.x) { st4(y0 + j.x, y.x); }
-        if (live.y) { st4(y0 + j.y, y.y); }
-        if (live.z) { st4(y0 + j.z, y.z); }
-        if (live.w) { st4(y0 + j.w, y.w); }
+        if (live.y) { st4_two(y0 + j.x, y.x, y.y); } else if (live.x) { st4(y0 + j.x, y.x); }
+        if (live.w) { st4_two(y0 + j.z, y.z, y.w); } else if (live.z) { st4(y0 + j.z, y.z); }
         if (lid == 0u) {
             st5(o(5u) + row, mean);
             st6(o(6u) + row, rstd);
@@ -113,10 +124,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let rstd = 1.0 / sqrt(wg_sum(((x.x * x.x + x.y * x.y) + x.z * x.z) + x.w * x.w, lid) / f32(n) + params.eps);
         let y = x * rstd * w;
         let y0 = o(3u) + row * n;
-        if (live.x) { st3(y0 + j.x, y.x); }
-        if (live.y) { st3(y0 + j.y, y.y); }
-        if (live.z) { st3(y0 + j.z, y.z); }
-        if (live.w) { st3(y0 + j.w, y.w); }
+        if (live.y) { st3_two(y0 + j.x, y.x, y.y); } else if (live.x) { st3(y0 + j.x, y.x); }
+        if (live.w) { st3_two(y0 + j.z, y.z, y.w); } else if (live.z) { st3(y0 + j.z, y.z); }
         if (lid == 0u) {
             st4(o(4u) + row, rstd);
         }
@@ -144,10 +153,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         let mg = wg_sum(sg, lid) / f32(n);
         let mgx = wg_sum(sgx, lid) / f32(n);
-        for (var j = lid; j < n; j += WG) {
-            let g = ld5(d0 + j) * ld2(o(2u) + j);
-            let xh = (ld1(x0 + j) - mean) * rstd;
-            st6(o(6u) + row * n + j, rstd * (g - mg - xh * mgx));
+        for (var j = 2u * lid; j < n; j += 2u * WG) {
+            let dx = rstd * (ld5(d0 + j) * ld2(o(2u) + j) - mg - (ld1(x0 + j) - mean) * rstd * mgx);
+            if (j + 1u < n) {
+                let i = j + 1u;
+                let next = rstd * (ld5(d0 + i) * ld2(o(2u) + i) - mg - (ld1(x0 + i) - mean) * rstd * mgx);
+                st6_two(o(6u) + row * n + j, dx, next);
+            } else {
+                st6(o(6u) + row * n + j, dx);
+            }
         }
     }
 }
@@ -191,10 +205,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             sgx += ld4(d0 + j) * ld2(o(2u) + j) * ld1(x0 + j) * rstd;
         }
         let mgx = wg_sum(sgx, lid) / f32(n);
-        for (var j = lid; j < n; j += WG) {
-            let g = ld4(d0 + j) * ld2(o(2u) + j);
-            let xh = ld1(x0 + j) * rstd;
-            st5(o(5u) + row * n + j, rstd * (g - xh * mgx));
+        for (var j = 2u * lid; j < n; j += 2u * WG) {
+            let dx = rstd * (ld4(d0 + j) * ld2(o(2u) + j) - ld1(x0 + j) * rstd * mgx);
+            if (j + 1u < n) {
+                let i = j + 1u;
+                st5_two(o(5u) + row * n + j, dx, rstd * (ld4(d0 + i) * ld2(o(2u) + i) - ld1(x0 + i) * rstd * mgx));
+            } else {
+                st5(o(5u) + row * n + j, dx);
+            }
         }
     }
 }

@@ -53,6 +53,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// @kernel fill_words
+// A bf16 fill of whole 32-bit words (`params.elements` even, the output starting on a word):
+// a thread per word, no atomic updates of half words.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = params.elements / 2u;
+    let word = params.value | (params.value << 16u);
+    let step = group_count(nwg) * WG;
+    for (var i = group_index(wid, nwg) * WG + lid; i < n; i += step) {
+        stw1(params.offsets[0] / 2u + i, word);
+    }
+}
+
 // @kernel arange_float
 // start and step arrive as (hi, lo) f32 pairs; the product and sum are carried in two floats
 // (exact products by fma), so the result is the f64 value rounded once to f32, or truncated

@@ -347,7 +347,11 @@ fn pack(dtype: DType, h: usize) -> String {
             2 * w,
             2 * w + 1
         ),
-        _ => format!("(bf16_bits(r[{}]) | (bf16_bits(r[{}]) << 16u))", 2 * w, 2 * w + 1),
+        _ => format!(
+            "(bf16_bits(r[{}]) | (bf16_bits(r[{}]) << 16u))",
+            2 * w,
+            2 * w + 1
+        ),
     };
     match dtype {
         DType::F32 => {
@@ -411,7 +415,10 @@ mod tests {
             (Op::Binary(BinaryOp::Maximum), 2),
         ];
         for (op, arity) in ops {
-            for (&from, &to) in floats.iter().flat_map(|a| floats.iter().map(move |b| (a, b))) {
+            for (&from, &to) in floats
+                .iter()
+                .flat_map(|a| floats.iter().map(move |b| (a, b)))
+            {
                 if matches!(op, Op::Copy) && from != to {
                     continue;
                 }
@@ -424,7 +431,14 @@ mod tests {
                     immediate_words: None,
                     subgroups: false,
                 };
-                let src = source(SRC, "map_wide", &bindings, &subst, build, &MapParams::wgsl());
+                let src = source(
+                    SRC,
+                    "map_wide",
+                    &bindings,
+                    &subst,
+                    build,
+                    &MapParams::wgsl(),
+                );
                 crate::source::assert_valid(&src, &format!("{op:?} {from} to {to}"));
             }
         }

@@ -26,7 +26,8 @@ pub(crate) fn launch(
     let (rows, vocab) = (inputs[0].layout.shape[0], inputs[0].layout.shape[1]);
     let (section, groups) = match op {
         Op::CrossEntropy => ("cross_entropy", rows as u64),
-        Op::CrossEntropyBackward => ("cross_entropy_backward", groups_for(rows * vocab)),
+        // A thread per pair of elements, and one for the elements left alone.
+        Op::CrossEntropyBackward => ("cross_entropy_backward", groups_for(rows * vocab / 2 + 1)),
         _ => return Err(unsupported(gpu, op)),
     };
     run(

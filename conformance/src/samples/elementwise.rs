@@ -533,10 +533,19 @@ pub(super) fn copy() -> Vec<Sample> {
             x(&[2, 3, 4, 16], View::Permuted(vec![0, 2, 1, 3])),
         )
         .dtypes(&ANY_DTYPE),
-        Sample::new(op.clone(), "[2, 4, 3, 16]", x(&[2, 4, 3, 16], View::Offset(8)))
-            .dtypes(&ANY_DTYPE)
-            .out_view(View::Permuted(vec![0, 2, 1, 3])),
-        Sample::new(op.clone(), "[9, 29] NaN/inf", vec![input(&[9, 29], special())]).no_backward(),
+        Sample::new(
+            op.clone(),
+            "[2, 4, 3, 16]",
+            x(&[2, 4, 3, 16], View::Offset(8)),
+        )
+        .dtypes(&ANY_DTYPE)
+        .out_view(View::Permuted(vec![0, 2, 1, 3])),
+        Sample::new(
+            op.clone(),
+            "[9, 29] NaN/inf",
+            vec![input(&[9, 29], special())],
+        )
+        .no_backward(),
         Sample::new(op, "[6, 16] NaN/inf", vec![input(&[6, 16], special())]).no_backward(),
     ]
 }

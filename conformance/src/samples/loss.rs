@@ -2,7 +2,7 @@
 
 use tessera::{DType, Op};
 
-use super::{fixed, input, stats, uniform, Gen, Input, Sample};
+use super::{fixed, input, stats, uniform, Gen, Input, Sample, View};
 
 /// Targets in `lo..hi`; values outside `0..V` are ignored rows.
 pub(super) fn targets(n: usize, dtype: DType, lo: i64, hi: i64) -> Input {
@@ -66,8 +66,11 @@ pub(super) fn forward() -> Vec<Sample> {
 }
 
 pub(super) fn backward() -> Vec<Sample> {
-    cases()
+    let mut out: Vec<Sample> = cases()
         .into_iter()
         .map(|(n, v, t)| backward_case(n, v, t))
-        .collect()
+        .collect();
+    // A gradient written from an odd element: a 16-bit output then starts mid-word.
+    out.push(backward_case(7, 33, targets(7, DType::I32, 0, 33)).out_view(View::Offset(1)));
+    out
 }

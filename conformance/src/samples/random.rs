@@ -6,7 +6,7 @@ use tessera::{DType, Op};
 use super::Sample;
 
 pub(super) fn samples(op: &Op) -> Vec<Sample> {
-    let shapes: [&[usize]; 5] = [&[], &[0], &[17], &[33, 257], &[70_001]];
+    let shapes: [&[usize]; 6] = [&[], &[0], &[17], &[4, 6], &[33, 257], &[70_001]];
     match op {
         Op::Fill { .. } => shapes
             .iter()

@@ -120,10 +120,17 @@ impl Adam {
             let params: Vec<&Tensor> = updated.iter().map(|&pi| &group.params[pi].1).collect();
             let m: Vec<&Tensor> = updated.iter().map(|&pi| &self.m[gi][pi]).collect();
             let v: Vec<&Tensor> = updated.iter().map(|&pi| &self.v[gi][pi]).collect();
+            let grads: Vec<&Tensor> = grads.iter().collect();
+            // Parameters, gradients and state each packed back to back: one update of all.
+            let spans = [&params, &grads, &m, &v].map(|list| Tensor::span(list));
+            if let [Some(p), Some(g), Some(m), Some(v)] = &spans {
+                Tensor::apply_in_place(&op, &[p, g, m, v, &step_values], &[p, m, v], &scalars)?;
+                continue;
+            }
             let inputs: Vec<&Tensor> = params
                 .iter()
                 .copied()
-                .chain(&grads)
+                .chain(grads.iter().copied())
                 .chain(m.iter().copied())
                 .chain(v.iter().copied())
                 .chain([&step_values])

@@ -13,21 +13,31 @@ pub fn clip_grad_norm(
     inv_loss_scale: f64,
 ) -> Result<(Tensor, Tensor)> {
     let _guard = crate::no_grad();
-    let grads: Vec<Tensor> = groups
+    let grads: Vec<Vec<Tensor>> = groups
         .iter()
-        .flat_map(|g| g.params.iter())
-        .filter_map(|(_, p)| p.grad())
+        .map(|g| g.params.iter().filter_map(|(_, p)| p.grad()).collect())
         .collect();
     let first = grads
-        .first()
+        .iter()
+        .flatten()
+        .next()
         .ok_or_else(|| Error::invalid("clip_grad_norm", "no parameter has a gradient"))?;
     let device = first.device().clone();
     let by_dtype = |d: DType| -> Result<Option<Tensor>> {
-        let same: Vec<&Tensor> = grads.iter().filter(|g| g.dtype() == d).collect();
-        if same.is_empty() {
+        // A group's gradients packed back to back are summed as one tensor.
+        let mut parts = Vec::new();
+        for group in &grads {
+            let same: Vec<&Tensor> = group.iter().filter(|g| g.dtype() == d).collect();
+            match Tensor::span(&same) {
+                Some(all) => parts.push(all),
+                None => parts.extend(same.into_iter().cloned()),
+            }
+        }
+        if parts.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Tensor::squared_norm(&same)?.to_dtype(DType::F32)?))
+        let parts: Vec<&Tensor> = parts.iter().collect();
+        Ok(Some(Tensor::squared_norm(&parts)?.to_dtype(DType::F32)?))
     };
     let mut total = Tensor::zeros(&[1], DType::F32, &device)?;
     for d in DType::FLOATS {

@@ -19,6 +19,7 @@ pub use schedule::{LossScaler, Schedule};
 pub use sgd::Sgd;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::io::HostTensor;
 use crate::{Error, Result, Tensor};
@@ -75,11 +76,23 @@ pub trait Optimizer {
     }
 }
 
-/// One state tensor per parameter, zero-initialized like the parameter.
+/// One state tensor per parameter, zero-initialized like the parameter; a group's packed
+/// in one allocation ([`Tensor::zeros_packed`]) where its parameters share a dtype and a
+/// device, so that an update over parameters that are packed too is one launch.
 pub(crate) fn zeros_like_params(groups: &[ParamGroup]) -> Result<Vec<Vec<Tensor>>> {
     groups
         .iter()
         .map(|g| {
+            let Some((_, first)) = g.params.first() else {
+                return Ok(Vec::new());
+            };
+            let uniform = g.params.iter().all(|(_, p)| {
+                p.dtype() == first.dtype() && Arc::ptr_eq(p.device(), first.device())
+            });
+            if uniform {
+                let shapes: Vec<&[usize]> = g.params.iter().map(|(_, p)| p.shape()).collect();
+                return Tensor::zeros_packed(&shapes, first.dtype(), first.device());
+            }
             g.params
                 .iter()
                 .map(|(_, p)| Tensor::zeros(p.shape(), p.dtype(), p.device()))
@@ -128,7 +141,8 @@ pub(crate) fn load_state_into(
                     ),
                 ));
             }
-            *t = h.to_tensor(p.device())?;
+            // Written into the state's own storage, which may be packed with its group's.
+            t.copy_from(&h.to_tensor(p.device())?)?;
         }
     }
     Ok(())

@@ -185,6 +185,53 @@ impl Tensor {
         Tensor::full(shape, 1.0, dtype, device)
     }
 
+    /// Zero tensors of `shapes` laid back to back in one allocation, in order: their
+    /// [`Tensor::span`] is one flat view, so that an op over all of them (an optimizer's
+    /// update, say) is one launch instead of one per tensor.
+    pub fn zeros_packed(
+        shapes: &[&[usize]],
+        dtype: DType,
+        device: &Arc<dyn Device>,
+    ) -> Result<Vec<Tensor>> {
+        let total = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+        let flat = Tensor::zeros(&[total], dtype, device)?;
+        let mut at = flat.layout().offset;
+        Ok(shapes
+            .iter()
+            .map(|shape| {
+                let layout = Layout::contiguous(shape).with_offset(at);
+                at += layout.numel();
+                Tensor::from_parts(flat.buffer().clone(), layout, dtype, device.clone())
+            })
+            .collect())
+    }
+
+    /// One flat view of `tensors` where they lie back to back in one buffer, in order, each
+    /// contiguous and all of one dtype (as [`Tensor::zeros_packed`] lays them); `None`
+    /// otherwise. The view tracks no gradient: it is for updates in place.
+    pub fn span(tensors: &[&Tensor]) -> Option<Tensor> {
+        let first = tensors.first()?;
+        let start = first.layout().offset;
+        let mut end = start;
+        for t in tensors {
+            let next = t.is_contiguous()
+                && t.shares_buffer(first)
+                && t.dtype() == first.dtype()
+                && t.layout().offset == end;
+            if !next {
+                return None;
+            }
+            end += t.numel();
+        }
+        let layout = Layout::contiguous(&[end - start]).with_offset(start);
+        Some(Tensor::from_parts(
+            first.buffer().clone(),
+            layout,
+            first.dtype(),
+            first.device().clone(),
+        ))
+    }
+
     /// `[start, start + step, ...]`, `n` values.
     pub fn arange(
         n: usize,

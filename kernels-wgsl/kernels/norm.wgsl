@@ -291,3 +291,143 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         FINISH
     }
 }
+
+// @kernel layer_norm_rows
+// Layer norm with a subgroup per row (where the device has subgroups; norm.rs): its sums by
+// `subgroupAdd`, without the workgroup's barriers, which a workgroup per row waits on while
+// there is little else to do. Every lane runs every row step (rows past the last are
+// computed on the last and not stored), so the subgroup operations stay in uniform control
+// flow. Bindings as layer_norm.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.rows;
+    let n = params.row_len;
+    let lanes = WG / sg_count;
+    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
+        let row = min(first + sg_index, rows - 1u);
+        let x0 = o(1u) + row * n;
+        var s = 0.0;
+        for (var j = sg_lane; j < n; j += lanes) { s += ld1(x0 + j); }
+        let mean = subgroupAdd(s) / f32(n);
+        var q = 0.0;
+        for (var j = sg_lane; j < n; j += lanes) { let d = ld1(x0 + j) - mean; q += d * d; }
+        let rstd = 1.0 / sqrt(subgroupAdd(q) / f32(n) + params.eps);
+        if (first + sg_index < rows) {
+            let y0 = o(4u) + row * n;
+            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
+                let y = (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j);
+                if (j + 1u < n) {
+                    st4_two(y0 + j, y, (ld1(x0 + j + 1u) - mean) * rstd * ld2(o(2u) + j + 1u) + ld3(o(3u) + j + 1u));
+                } else {
+                    st4(y0 + j, y);
+                }
+            }
+            if (sg_lane == 0u) {
+                st5(o(5u) + row, mean);
+                st6(o(6u) + row, rstd);
+            }
+        }
+    }
+}
+
+// @kernel rms_norm_rows
+// RMS norm with a subgroup per row, as layer_norm_rows. Bindings as rms_norm.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.rows;
+    let n = params.row_len;
+    let lanes = WG / sg_count;
+    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
+        let row = min(first + sg_index, rows - 1u);
+        let x0 = o(1u) + row * n;
+        var q = 0.0;
+        for (var j = sg_lane; j < n; j += lanes) { let x = ld1(x0 + j); q += x * x; }
+        let rstd = 1.0 / sqrt(subgroupAdd(q) / f32(n) + params.eps);
+        if (first + sg_index < rows) {
+            let y0 = o(3u) + row * n;
+            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
+                let y = ld1(x0 + j) * rstd * ld2(o(2u) + j);
+                if (j + 1u < n) {
+                    st3_two(y0 + j, y, ld1(x0 + j + 1u) * rstd * ld2(o(2u) + j + 1u));
+                } else {
+                    st3(y0 + j, y);
+                }
+            }
+            if (sg_lane == 0u) {
+                st4(o(4u) + row, rstd);
+            }
+        }
+    }
+}
+
+// @kernel layer_norm_dx_rows
+// layer_norm_dx with a subgroup per row, as layer_norm_rows. Bindings as layer_norm_dx.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.rows;
+    let n = params.row_len;
+    let lanes = WG / sg_count;
+    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
+        let row = min(first + sg_index, rows - 1u);
+        let x0 = o(1u) + row * n;
+        let d0 = o(5u) + row * n;
+        let mean = ld3(o(3u) + row);
+        let rstd = ld4(o(4u) + row);
+        var sg = 0.0;
+        var sgx = 0.0;
+        for (var j = sg_lane; j < n; j += lanes) {
+            let g = ld5(d0 + j) * ld2(o(2u) + j);
+            sg += g;
+            sgx += g * (ld1(x0 + j) - mean) * rstd;
+        }
+        let mg = subgroupAdd(sg) / f32(n);
+        let mgx = subgroupAdd(sgx) / f32(n);
+        if (first + sg_index < rows) {
+            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
+                let dx = rstd * (ld5(d0 + j) * ld2(o(2u) + j) - mg - (ld1(x0 + j) - mean) * rstd * mgx);
+                if (j + 1u < n) {
+                    let i = j + 1u;
+                    let next = rstd * (ld5(d0 + i) * ld2(o(2u) + i) - mg - (ld1(x0 + i) - mean) * rstd * mgx);
+                    st6_two(o(6u) + row * n + j, dx, next);
+                } else {
+                    st6(o(6u) + row * n + j, dx);
+                }
+            }
+        }
+    }
+}
+
+// @kernel rms_norm_dx_rows
+// rms_norm_dx with a subgroup per row, as layer_norm_rows. Bindings as rms_norm_dx.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
+    SUBGROUP_ENTER
+    let rows = params.rows;
+    let n = params.row_len;
+    let lanes = WG / sg_count;
+    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
+        let row = min(first + sg_index, rows - 1u);
+        let x0 = o(1u) + row * n;
+        let d0 = o(4u) + row * n;
+        let rstd = ld3(o(3u) + row);
+        var sgx = 0.0;
+        for (var j = sg_lane; j < n; j += lanes) {
+            sgx += ld4(d0 + j) * ld2(o(2u) + j) * ld1(x0 + j) * rstd;
+        }
+        let mgx = subgroupAdd(sgx) / f32(n);
+        if (first + sg_index < rows) {
+            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
+                let dx = rstd * (ld4(d0 + j) * ld2(o(2u) + j) - ld1(x0 + j) * rstd * mgx);
+                if (j + 1u < n) {
+                    let i = j + 1u;
+                    st5_two(o(5u) + row * n + j, dx, rstd * (ld4(d0 + i) * ld2(o(2u) + i) - ld1(x0 + i) * rstd * mgx));
+                } else {
+                    st5(o(5u) + row * n + j, dx);
+                }
+            }
+        }
+    }
+}

@@ -24,6 +24,13 @@ param_block! {
     }
 }
 
+/// Rows from which a norm goes a subgroup per row (where the device has subgroups): fewer
+/// leave most of a large GPU idle either way (decoding's one row keeps the workgroup).
+const MANY_ROWS: usize = 256;
+/// Rows a workgroup of the subgroup kernels takes with 32-lane subgroups (the grid's size;
+/// other widths loop over the rows).
+const ROWS_PER_GROUP: usize = WG as usize / 32;
+
 pub(crate) fn launch(
     gpu: &dyn Gpu,
     op: &Op,
@@ -56,22 +63,34 @@ pub(crate) fn launch(
             params,
         )
     };
-    // Rows a workgroup holds in registers, four elements a thread, are read once.
+    // Rows a workgroup holds in registers, four elements a thread, are read once. Many
+    // such rows go a subgroup each where the device has subgroups: a workgroup per row
+    // spends its time waiting on its barriers.
     let short = n <= 4 * WG as usize;
+    let by_subgroups = short && gpu.caps().subgroups && rows >= MANY_ROWS;
+    let subgroup_groups = rows.div_ceil(ROWS_PER_GROUP);
     match op {
+        Op::LayerNorm if by_subgroups => go("layer_norm_rows", subgroup_groups),
+        Op::RmsNorm if by_subgroups => go("rms_norm_rows", subgroup_groups),
         Op::LayerNorm if short => go("layer_norm_short", rows),
         Op::RmsNorm if short => go("rms_norm_short", rows),
         Op::LayerNorm => go("layer_norm", rows),
         Op::RmsNorm => go("rms_norm", rows),
         Op::LayerNormBackward => {
-            go("layer_norm_dx", rows)?;
+            match by_subgroups {
+                true => go("layer_norm_dx_rows", subgroup_groups)?,
+                false => go("layer_norm_dx", rows)?,
+            }
             match dw_chunks(gpu, rows, n) {
                 Some(chunks) => dw_in_chunks(gpu, op, inputs, outputs, rows, n, chunks),
                 None => go("layer_norm_dw", n),
             }
         }
         Op::RmsNormBackward => {
-            go("rms_norm_dx", rows)?;
+            match by_subgroups {
+                true => go("rms_norm_dx_rows", subgroup_groups)?,
+                false => go("rms_norm_dx", rows)?,
+            }
             match dw_chunks(gpu, rows, n) {
                 Some(chunks) => dw_in_chunks(gpu, op, inputs, outputs, rows, n, chunks),
                 None => go("rms_norm_dw", n),

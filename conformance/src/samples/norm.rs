@@ -1,6 +1,7 @@
 //! Layer norm and RMS norm samples: rows longer than a workgroup, more rows than one grid
-//! dimension holds, single columns, empty batches, and rows of whole 16-byte groups in many
-//! chunks (the backward's warp-per-row kernel).
+//! dimension holds, single columns, empty batches, rows of whole 16-byte groups in many
+//! chunks (the backward's warp-per-row kernel), and many rows of an odd length (a subgroup a
+//! row, 16-bit rows starting mid-word).
 
 use tessera::Op;
 
@@ -8,8 +9,9 @@ use super::{input, stats, uniform, Gen, Sample, View};
 
 const EPS: f64 = 1e-5;
 
-const SHAPES: [&[usize]; 10] = [
+const SHAPES: [&[usize]; 11] = [
     &[7, 33],
+    &[260, 33],
     &[300, 72],
     &[40, 1024],
     &[3, 1500],

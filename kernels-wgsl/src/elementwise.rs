@@ -333,7 +333,7 @@ fn unpack(dtype: DType, k: usize, j: usize) -> String {
     match dtype {
         DType::F32 => format!("bitcast<f32>(v{k}_{}[{}])", j / 4, j % 4),
         DType::F16 => format!("unpack2x16float(v{k}_0[{}])[{}]", j / 2, j % 2),
-        _ if j % 2 == 0 => format!("bitcast<f32>(v{k}_0[{}] << 16u)", j / 2),
+        _ if j.is_multiple_of(2) => format!("bitcast<f32>(v{k}_0[{}] << 16u)", j / 2),
         _ => format!("bitcast<f32>(v{k}_0[{}] & 0xffff0000u)", j / 2),
     }
 }

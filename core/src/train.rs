@@ -12,6 +12,11 @@
 //! the update) and steps while kernels are profiled ([`Trainer::set_replay`]); a change of
 //! micro-batch count or shape records again.
 //!
+//! In mixed precision each parameter group of the master weights, of the compute weights and
+//! of the master gradients is packed in one allocation where every parameter's size allows
+//! (`pack_for_updates`): the update, the clipping norm and the cast of the master weights then
+//! take a launch a group, and each step's gradients are cast into the packed ones.
+//!
 //! Data-parallel training ([`Trainer::join`]): every rank runs this trainer on its own
 //! device and its own share of each batch. Rank 0's weights are broadcast when a rank
 //! joins; in each step the gradients of the last micro-batch's backward pass are summed

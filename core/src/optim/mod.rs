@@ -7,6 +7,12 @@
 //! a recorded training step replays with each step's values; SGD takes its learning rate as a
 //! launch value, which a recording would keep. State tensors are named after their
 //! parameter, which is what checkpoints store.
+//!
+//! A group's state is packed in one allocation ([`Tensor::zeros_packed`]). Where the group's
+//! parameters and gradients are packed too (the trainer packs them in mixed precision), Adam
+//! updates the whole group as one tensor ([`Tensor::span`]) and the clipping norm sums it as
+//! one: on a GPU that is one launch a group instead of one a parameter. Otherwise each
+//! parameter is its own operand, with the same result.
 
 mod adam;
 mod clip;

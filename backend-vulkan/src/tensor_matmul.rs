@@ -43,11 +43,13 @@ use rspirv::binary::Assemble;
 use rspirv::dr::{Builder, Operand};
 use rspirv::spirv::{
     AddressingModel, BuiltIn, Capability, Decoration, ExecutionMode, ExecutionModel, FPEncoding,
-    FunctionControl, MemoryAccess, MemoryModel, Op, Scope, StorageClass, TensorAddressingOperands,
-    TensorClampMode, Word,
+    FunctionControl, MemoryAccess, MemoryModel, Op, Scope, SelectionControl, StorageClass,
+    TensorAddressingOperands, TensorClampMode, Word,
 };
 use tessera_core::{DType, UnaryOp};
-use tessera_wgsl::{matmul_param_word, matmul_param_words, TensorMatmul, MAX_BATCH_DIMS};
+use tessera_wgsl::{
+    matmul_param_word, matmul_param_words, Band, BandKind, TensorMatmul, MAX_BATCH_DIMS,
+};
 
 /// `CooperativeMatrixUse` values.
 pub(crate) const USE_A: u32 = 0;
@@ -152,7 +154,8 @@ pub(crate) struct Writer {
 
 /// What the loop over k of a tile needs: matrix types (`a`, `b`, sum), zero matrices, the
 /// transposing view, the sum's and k's variables, the tile's
-/// first row, column and k, and the extents (m, n, the split's end of k).
+/// first row, column and k, the extents (m, n, the split's end of k), and where the loop
+/// stops (the split's end of k, or before it where a [`Band`] leaves the rest out).
 struct Steps {
     kernel: TensorMatmul,
     mats: [Word; 3],
@@ -162,6 +165,7 @@ struct Steps {
     k_var: Word,
     origin: [Word; 3],
     extents: [Word; 3],
+    k_until: Word,
     /// Whether the tiles cover the product exactly ([`tiles_cover`]): loads need no clamping.
     exact: bool,
 }
@@ -520,6 +524,7 @@ impl Writer {
         };
         let transpose = self.b.create_tensor_view_nv(view_t, None).map_err(build)?;
         self.b.store(sum_var, zero_acc, None, []).map_err(build)?;
+        let (k_from, k_until, hidden) = self.band_range(kernel, [m0, n0], [k_start, k_end])?;
         let steps = Steps {
             kernel: *kernel,
             mats: [mat_a, mat_b, acc],
@@ -527,8 +532,9 @@ impl Writer {
             transpose,
             sum_var,
             k_var,
-            origin: [m0, n0, k_start],
+            origin: [m0, n0, k_from],
             extents: [m, n, k_end],
+            k_until,
             exact,
         };
         let (a_elem, a_rem) = self.aligned(input, a_var, a_base, exact)?;
@@ -555,7 +561,23 @@ impl Writer {
         };
         let layout_o = self.layout(clamp, [m, n_span], [n, one])?;
         let slice_o = self.slice(layout_o, clamp, [m0, n_at], [tm, tn])?;
-        self.store_tensor(o_elem, result, slice_o)?;
+        match hidden {
+            // A tile of scores no query sees is not stored (the workgroup's branch is uniform).
+            Some(hidden) => {
+                let (store, merge) = (self.b.id(), self.b.id());
+                self.b
+                    .selection_merge(merge, SelectionControl::NONE)
+                    .map_err(build)?;
+                self.b
+                    .branch_conditional(hidden, merge, store, [])
+                    .map_err(build)?;
+                self.b.begin_block(Some(store)).map_err(build)?;
+                self.store_tensor(o_elem, result, slice_o)?;
+                self.b.branch(merge).map_err(build)?;
+                self.b.begin_block(Some(merge)).map_err(build)?;
+            }
+            None => self.store_tensor(o_elem, result, slice_o)?,
+        }
         let finish = self.finish_fn;
         interface.extend([o_var, params, wid_var]);
         self.end_entry(main, interface, TensorMatmul::THREADS)?;
@@ -563,6 +585,72 @@ impl Writer {
             self.emit_finish(id, fn_t, kernel)?;
         }
         Ok(self.b.module().assemble())
+    }
+
+    /// Where the loop over k of the tile at rows and columns `origin` runs within the split's
+    /// `k_range`: all of it, or the part its [`Band`] leaves in (steps of the tile's k apart
+    /// from the split's start, so that exact tiles stay whole); and for scores, whether the
+    /// tile is hidden whole (it then neither multiplies nor stores).
+    fn band_range(
+        &mut self,
+        kernel: &TensorMatmul,
+        origin: [Word; 2],
+        k_range: [Word; 2],
+    ) -> Result<(Word, Word, Option<Word>), String> {
+        let ([m0, n0], [k_start, k_end]) = (origin, k_range);
+        let Some(band) = kernel.band else {
+            return Ok((k_start, k_end, None));
+        };
+        let [tm, _, tk] = kernel.tile();
+        let u = self.u32;
+        match band.kind {
+            // Every key of the tile hidden from every query: no k at all.
+            BandKind::Scores => {
+                let last_seen = self.uint(tm - 1 + band.offset);
+                let last_seen = self.add(m0, last_seen)?;
+                let hidden = self
+                    .b
+                    .u_greater_than(self.bool, None, n0, last_seen)
+                    .map_err(build)?;
+                let until = self
+                    .b
+                    .select(u, None, hidden, k_start, k_end)
+                    .map_err(build)?;
+                Ok((k_start, until, Some(hidden)))
+            }
+            // Keys past the tile's last query's last visible one are zero.
+            BandKind::QueryRows => {
+                let reach = self.uint(tm + band.offset);
+                let reach = self.add(m0, reach)?;
+                Ok((k_start, self.min(k_end, reach)?, None))
+            }
+            // Queries before the tile's first key's first one are zero: from there, rounded
+            // down to the split's steps.
+            BandKind::KeyRows => {
+                let offset = self.uint(band.offset);
+                let seen = self
+                    .b
+                    .u_greater_than(self.bool, None, m0, offset)
+                    .map_err(build)?;
+                let first = self.op(Op::ISub, m0, offset)?;
+                let zero = self.uint(0);
+                let first = self.b.select(u, None, seen, first, zero).map_err(build)?;
+                let later = self
+                    .b
+                    .u_greater_than(self.bool, None, first, k_start)
+                    .map_err(build)?;
+                let skipped = self.op(Op::ISub, first, k_start)?;
+                let c_tk = self.uint(tk);
+                let steps = self.op(Op::UDiv, skipped, c_tk)?;
+                let skipped = self.mul(steps, c_tk)?;
+                let from = self.add(k_start, skipped)?;
+                let from = self
+                    .b
+                    .select(u, None, later, from, k_start)
+                    .map_err(build)?;
+                Ok((from, k_end, None))
+            }
+        }
     }
 
     /// The loop over k of one workgroup's tile: each step's slices of `a` and `b` loaded
@@ -611,7 +699,7 @@ impl Writer {
         let k0 = self.b.load(u, None, s.k_var, None, []).map_err(build)?;
         let more = self
             .b
-            .u_less_than(self.bool, None, k0, k_end)
+            .u_less_than(self.bool, None, k0, s.k_until)
             .map_err(build)?;
         self.b
             .loop_merge(merge, step, rspirv::spirv::LoopControl::NONE, [])
@@ -1056,9 +1144,31 @@ mod tests {
                                 bias: None,
                                 activation: None,
                                 residual: None,
+                                band: None,
                             });
                         }
                     }
+                }
+            }
+            // Causal attention's bands, on the layouts its products take.
+            let bands = [
+                (BandKind::Scores, true, true, false, DType::F32),
+                (BandKind::QueryRows, true, false, true, input),
+                (BandKind::KeyRows, false, false, true, DType::F32),
+            ];
+            for (kind, a_k_contiguous, b_k_contiguous, narrow, output) in bands {
+                for offset in [0, 64] {
+                    all.push(TensorMatmul {
+                        input,
+                        output,
+                        a_k_contiguous,
+                        b_k_contiguous,
+                        narrow,
+                        bias: None,
+                        activation: None,
+                        residual: None,
+                        band: Some(Band { kind, offset }),
+                    });
                 }
             }
             // Epilogues: a bias (of the output's dtype, or f32), each activation, a residual.
@@ -1078,6 +1188,7 @@ mod tests {
                     bias: Some(if i < 2 { input } else { DType::F32 }),
                     activation,
                     residual: (i != 1).then_some(input),
+                    band: None,
                 });
             }
         }
@@ -1146,6 +1257,7 @@ mod tests {
             bias: None,
             activation: None,
             residual: None,
+            band: None,
         };
         assert!(spirv(&kernel, None).unwrap_err().contains("f32"));
         let kernel = TensorMatmul {

@@ -23,7 +23,7 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
-use crate::gpu::Gpu;
+use crate::gpu::{Band, BandKind, Gpu};
 use crate::matmul::{self, PLAIN};
 use crate::params::{offsets, param_block, MAX_BINDINGS};
 use crate::source::{key, run};
@@ -129,24 +129,37 @@ pub(crate) fn backward(
             offset: t.layout.offset,
         }
     };
-    let product = |a: TensorRef<'_>, b: TensorRef<'_>, out: TensorRef<'_>| {
-        matmul::launch(gpu, &PLAIN, &[a, b], &[out])
+    // Causal attention's products leave out, on the tensor-core kernel, the tiles and the
+    // parts of k its mask makes zero or unread ([`Band`]); the key-side products only where
+    // each key head has one query head (with more, their rows are folded together along k).
+    let band = |kind: BandKind| {
+        let applies = causal && (kind == BandKind::QueryRows || kind == BandKind::Scores || g == 1);
+        applies.then_some(Band {
+            kind,
+            offset: (tk - tq) as u32,
+        })
     };
+    let product =
+        |op: &Op, inputs: &[TensorRef<'_>], out: TensorRef<'_>, kind: BandKind| match band(kind) {
+            Some(band) => matmul::launch_banded(gpu, op, inputs, &[out], band),
+            None => matmul::launch(gpu, op, inputs, &[out]),
+        };
     // out = a b for `a` whole, else a_lo b + (a_hi b), the latter in f32.
-    let grad_product = |a: &[TensorRef<'_>], b: TensorRef<'_>, out: TensorRef<'_>| {
-        let [a_hi, a_lo] = a[..] else {
-            return product(a[0], b, out);
+    let grad_product =
+        |a: &[TensorRef<'_>], b: TensorRef<'_>, out: TensorRef<'_>, kind: BandKind| {
+            let [a_hi, a_lo] = a[..] else {
+                return product(&PLAIN, &[a[0], b], out, kind);
+            };
+            let high = gpu.scratch(4 * out.layout.numel())?;
+            let high_layout = at(&out.layout.shape, 0);
+            let high = TensorRef {
+                buffer: &high,
+                layout: &high_layout,
+                dtype: DType::F32,
+            };
+            product(&PLAIN, &[a_hi, b], high, kind)?;
+            product(&WITH_RESIDUAL, &[a_lo, b, high], out, kind)
         };
-        let high = gpu.scratch(4 * out.layout.numel())?;
-        let high_layout = at(&out.layout.shape, 0);
-        let high = TensorRef {
-            buffer: &high,
-            layout: &high_layout,
-            dtype: DType::F32,
-        };
-        product(a_hi, b, high)?;
-        matmul::launch(gpu, &WITH_RESIDUAL, &[a_lo, b, high], &[out])
-    };
     let score_layout = grouped(tq, tk, 0);
     let scores_t = transposed(&folded(tq, tk, 0));
     let [s, dp] = [0, 1].map(|i| TensorRef {
@@ -166,8 +179,14 @@ pub(crate) fn backward(
     let q_grouped = grouped(tq, d, q.layout.offset);
     let dout_grouped = grouped(tq, dv, dout.layout.offset);
     let (k_t, v_t) = (per_query_head(k, true), per_query_head(v, true));
-    product(view(q, &q_grouped), view(k, &k_t), s)?;
-    product(view(dout, &dout_grouped), view(v, &v_t), dp)?;
+    let scores = BandKind::Scores;
+    product(&PLAIN, &[view(q, &q_grouped), view(k, &k_t)], s, scores)?;
+    product(
+        &PLAIN,
+        &[view(dout, &dout_grouped), view(v, &v_t)],
+        dp,
+        scores,
+    )?;
     let rows = b * hq * tq;
     let u = |v: usize| v as u32;
     let lse_rows = at(&[rows], lse.layout.offset);
@@ -200,10 +219,10 @@ pub(crate) fn backward(
     let dout_folded = view(dout, &dout_folded);
     let p_t: Vec<_> = p.iter().map(|part| view(part, &scores_t)).collect();
     let ds_t: Vec<_> = ds.iter().map(|part| view(part, &scores_t)).collect();
-    grad_product(&p_t, dout_folded, outputs[2])?;
+    grad_product(&p_t, dout_folded, outputs[2], BandKind::KeyRows)?;
     let (k_rows, dq) = (view(k, &k_rows), view(&outputs[0], &dq_grouped));
-    grad_product(ds, k_rows, dq)?;
-    grad_product(&ds_t, view(q, &q_folded), outputs[1])?;
+    grad_product(ds, k_rows, dq, BandKind::QueryRows)?;
+    grad_product(&ds_t, view(q, &q_folded), outputs[1], BandKind::KeyRows)?;
     Ok(true)
 }
 

@@ -63,6 +63,33 @@ pub struct TensorMatmul {
     pub bias: Option<DType>,
     pub activation: Option<UnaryOp>,
     pub residual: Option<DType>,
+    /// Where causal attention's mask leaves work out ([`Band`]).
+    pub band: Option<Band>,
+}
+
+/// A product of causal attention's backward whose tiles need only part of k, or none:
+/// per batch entry, key `j` is visible to query `i` when `j <= i + offset` (`offset`: keys
+/// past queries). The tensor-core kernel narrows each tile's loop over k to where the band
+/// has non-zero operands; what it leaves out is zero (or, for [`BandKind::Scores`], never
+/// read), so kernels that run the whole product give the same result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Band {
+    pub kind: BandKind,
+    pub offset: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BandKind {
+    /// The output is scores `[queries, keys]` (`S`, `dP`): a tile whose every key is hidden
+    /// from its every query is not computed (the row pass reads only visible scores).
+    Scores,
+    /// `a` is `[queries, keys]` of scores' gradients, zero past the visible keys (`dq = dS
+    /// k`): a tile's rows need k only up to the last row's last visible key.
+    QueryRows,
+    /// `a` is `[keys, queries]`, transposed scores' gradients or probabilities (`dk = dS^T q`,
+    /// `dv = P^T dout`), zero before the first query that sees each key: a tile's rows need k
+    /// only from its first key's first query.
+    KeyRows,
 }
 
 impl TensorMatmul {

@@ -24,7 +24,7 @@ use crate::elementwise;
 use crate::epilogue::Epilogue;
 #[cfg(test)]
 use crate::gpu::INDICES_IN_RANGE;
-use crate::gpu::{Gpu, Planner, Source, TensorMatmul, F16_IS_BF16};
+use crate::gpu::{Band, Gpu, Planner, Source, TensorMatmul, F16_IS_BF16};
 use crate::normed_rows::{normed_rows_code, NormedRows};
 use crate::params::{param_block, ParamBlock};
 use crate::source::{
@@ -605,7 +605,7 @@ pub(crate) fn launch_normed(
     whole: &LaunchOp<'_>,
 ) -> Result<()> {
     if normed_in_one(gpu, op, inputs, outputs) {
-        return launch_product(gpu, op, inputs, outputs, scalars[0] as f32);
+        return launch_product(gpu, op, inputs, outputs, scalars[0] as f32, None);
     }
     let scratch = |bytes| gpu.scratch(bytes);
     norm_then_matmul(op, inputs, outputs, scalars, &scratch, whole)
@@ -617,16 +617,30 @@ pub(crate) fn launch(
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
 ) -> Result<()> {
-    launch_product(gpu, op, inputs, outputs, 0.0)
+    launch_product(gpu, op, inputs, outputs, 0.0, None)
 }
 
-/// A matmul, or a normalized product that [`normed_in_one`] allows, whose norm adds `eps`.
+/// A product of causal attention's backward, whose tiles the tensor-core kernel narrows to
+/// `band` ([`Band`]); other kernels run it whole.
+pub(crate) fn launch_banded(
+    gpu: &dyn Gpu,
+    op: &Op,
+    inputs: &[TensorRef<'_>],
+    outputs: &[TensorRef<'_>],
+    band: Band,
+) -> Result<()> {
+    launch_product(gpu, op, inputs, outputs, 0.0, Some(band))
+}
+
+/// A matmul, or a normalized product that [`normed_in_one`] allows, whose norm adds `eps`;
+/// on the tensor-core kernel, narrowed to `band` where given.
 fn launch_product(
     gpu: &dyn Gpu,
     op: &Op,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     eps: f32,
+    band: Option<Band>,
 ) -> Result<()> {
     check_batch_dims(gpu, op, inputs)?;
     let (a, b) = (&inputs[0], &inputs[1]);
@@ -678,6 +692,7 @@ fn launch_product(
         splits: 1,
         k_per_split: k,
         norm: norm.map(|kind| (kind, eps)),
+        band,
     };
     let lanes = if b_at == "along_k" {
         few_rows_lanes(n)
@@ -973,6 +988,7 @@ fn launch_tensor(
         bias: None,
         activation: None,
         residual: None,
+        band: problem.band,
     };
     let [tm, tn, _] = plain.tile().map(|t| t as usize);
     let grid = [
@@ -992,7 +1008,10 @@ fn launch_tensor(
     }
     let grid = grid.map(|g| g as u32);
     let shape = if narrow { "/narrow" } else { "" };
-    let variant = format!("tensor/{}/{}{shape}", subst[2].1, subst[3].1);
+    let band = problem
+        .band
+        .map_or(String::new(), |b| format!("/{:?}{}", b.kind, b.offset));
+    let variant = format!("tensor/{}/{}{shape}{band}", subst[2].1, subst[3].1);
     let operands = Problem {
         inputs: &inputs[..2],
         bias_at: None,
@@ -1336,6 +1355,7 @@ fn split_k_windows(
         splits,
         k_per_split: kc,
         norm: None,
+        band: None,
     };
     sum_splits(gpu, op, &finish, &problem, sums, outputs)
 }
@@ -1357,6 +1377,8 @@ struct Problem<'a> {
     k_per_split: usize,
     /// A normalized product's norm and eps.
     norm: Option<(NormKind, f32)>,
+    /// Where the tensor-core kernel may leave out work ([`Band`]).
+    band: Option<Band>,
 }
 
 impl Problem<'_> {

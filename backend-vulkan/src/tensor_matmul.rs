@@ -14,6 +14,13 @@
 //! converted to the output's dtype and stored. A transposed operand (contiguous along m, or
 //! `b` along k) loads through a tensor view that swaps its two dimensions.
 //!
+//! **Causal bands.** Causal attention's backward products carry a
+//! [`Band`](tessera_wgsl::Band): each tile's loop over k runs only where the mask leaves its
+//! operand non-zero, and tiles of scores that no query sees are neither multiplied nor
+//! stored. On the H200 (GPT-2's bf16 step) the scores' products went from 4.1 to 3.0 ms, the
+//! gradients' from 7.9 to 6.7: with 256-row tiles a triangle keeps about 60% of the tiles'
+//! k, and the scores' products are bound by their f32 stores.
+//!
 //! **Compiled per product.** Where its tiles cover the product exactly, the planner lets the
 //! backend compile this kernel for the launch's parameter block (`Dispatch::specialize`): its
 //! sizes, strides and offsets become constants (a pipeline per distinct block, about 20 in a
@@ -47,9 +54,7 @@ use rspirv::spirv::{
     TensorAddressingOperands, TensorClampMode, Word,
 };
 use tessera_core::{DType, UnaryOp};
-use tessera_wgsl::{
-    matmul_param_word, matmul_param_words, Band, BandKind, TensorMatmul, MAX_BATCH_DIMS,
-};
+use tessera_wgsl::{matmul_param_word, matmul_param_words, BandKind, TensorMatmul, MAX_BATCH_DIMS};
 
 /// `CooperativeMatrixUse` values.
 pub(crate) const USE_A: u32 = 0;
@@ -155,7 +160,7 @@ pub(crate) struct Writer {
 /// What the loop over k of a tile needs: matrix types (`a`, `b`, sum), zero matrices, the
 /// transposing view, the sum's and k's variables, the tile's
 /// first row, column and k, the extents (m, n, the split's end of k), and where the loop
-/// stops (the split's end of k, or before it where a [`Band`] leaves the rest out).
+/// stops (the split's end of k, or before it where a [`Band`](tessera_wgsl::Band) leaves the rest out).
 struct Steps {
     kernel: TensorMatmul,
     mats: [Word; 3],
@@ -588,7 +593,7 @@ impl Writer {
     }
 
     /// Where the loop over k of the tile at rows and columns `origin` runs within the split's
-    /// `k_range`: all of it, or the part its [`Band`] leaves in (steps of the tile's k apart
+    /// `k_range`: all of it, or the part its [`Band`](tessera_wgsl::Band) leaves in (steps of the tile's k apart
     /// from the split's start, so that exact tiles stay whole); and for scores, whether the
     /// tile is hidden whole (it then neither multiplies nor stores).
     fn band_range(
@@ -1127,6 +1132,7 @@ pub(crate) fn build(e: rspirv::dr::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_wgsl::Band;
 
     fn every_kernel() -> Vec<TensorMatmul> {
         let mut all = Vec::new();

@@ -20,6 +20,10 @@
 //! dS in f32 or as 16-bit parts): attention whose intermediates would not fit one binding each,
 //! or would take more than an eighth of the device's memory, runs the fused kernels, as do CPU
 //! drivers (lavapipe), where the fused kernels are faster.
+//!
+//! Causal attention's products name what its mask hides ([`Band`]): the backend's
+//! tensor-core kernel then skips score tiles no query sees and the parts of k outside each
+//! tile's band (zeros in `P` and `dS`), and other kernels run them whole, with the same result.
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 

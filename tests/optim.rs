@@ -93,23 +93,17 @@ fn adamw_over_packed_parameters_matches_one_update_per_parameter() {
             .map(|i| ((i * 7 + k * 13) % 11) as f64 * 0.25 - 1.2)
             .collect()
     };
+    let zeros = |packed: bool| -> Vec<Tensor> {
+        match packed {
+            true => Tensor::zeros_packed(&shapes, DType::F32, &device).unwrap(),
+            false => shapes
+                .iter()
+                .map(|s| Tensor::zeros(s, DType::F32, &device).unwrap())
+                .collect(),
+        }
+    };
     let run = |packed: bool| -> Vec<Vec<f64>> {
-        let tensors: Vec<Tensor> = if packed {
-            Tensor::zeros_packed(&shapes, DType::F32, &device).unwrap()
-        } else {
-            shapes
-                .iter()
-                .map(|s| Tensor::zeros(s, DType::F32, &device).unwrap())
-                .collect()
-        };
-        let grads: Vec<Tensor> = if packed {
-            Tensor::zeros_packed(&shapes, DType::F32, &device).unwrap()
-        } else {
-            shapes
-                .iter()
-                .map(|s| Tensor::zeros(s, DType::F32, &device).unwrap())
-                .collect()
-        };
+        let (tensors, grads) = (zeros(packed), zeros(packed));
         let mut params = Vec::new();
         for (k, ((t, g), shape)) in tensors.iter().zip(&grads).zip(shapes).enumerate() {
             let n = shape.iter().product();

@@ -1134,6 +1134,22 @@ mod tests {
     use super::*;
     use tessera_wgsl::Band;
 
+    /// A kernel without an epilogue: `[input, output]` dtypes, whether `a` and `b` are
+    /// contiguous along k, whether narrow.
+    fn plain(dtypes: [DType; 2], k_contiguous: [bool; 2], narrow: bool) -> TensorMatmul {
+        TensorMatmul {
+            input: dtypes[0],
+            output: dtypes[1],
+            a_k_contiguous: k_contiguous[0],
+            b_k_contiguous: k_contiguous[1],
+            narrow,
+            bias: None,
+            activation: None,
+            residual: None,
+            band: None,
+        }
+    }
+
     fn every_kernel() -> Vec<TensorMatmul> {
         let mut all = Vec::new();
         for input in [DType::F16, DType::BF16] {
@@ -1141,39 +1157,23 @@ mod tests {
                 for a_k_contiguous in [true, false] {
                     for b_k_contiguous in [true, false] {
                         for narrow in [false, true] {
-                            all.push(TensorMatmul {
-                                input,
-                                output,
-                                a_k_contiguous,
-                                b_k_contiguous,
-                                narrow,
-                                bias: None,
-                                activation: None,
-                                residual: None,
-                                band: None,
-                            });
+                            let contiguous = [a_k_contiguous, b_k_contiguous];
+                            all.push(plain([input, output], contiguous, narrow));
                         }
                     }
                 }
             }
             // Causal attention's bands, on the layouts its products take.
             let bands = [
-                (BandKind::Scores, true, true, false, DType::F32),
-                (BandKind::QueryRows, true, false, true, input),
-                (BandKind::KeyRows, false, false, true, DType::F32),
+                (BandKind::Scores, [true, true], false, DType::F32),
+                (BandKind::QueryRows, [true, false], true, input),
+                (BandKind::KeyRows, [false, false], true, DType::F32),
             ];
-            for (kind, a_k_contiguous, b_k_contiguous, narrow, output) in bands {
+            for (kind, contiguous, narrow, output) in bands {
                 for offset in [0, 64] {
                     all.push(TensorMatmul {
-                        input,
-                        output,
-                        a_k_contiguous,
-                        b_k_contiguous,
-                        narrow,
-                        bias: None,
-                        activation: None,
-                        residual: None,
                         band: Some(Band { kind, offset }),
+                        ..plain([input, output], contiguous, narrow)
                     });
                 }
             }
@@ -1186,15 +1186,10 @@ mod tests {
             ];
             for (i, activation) in activations.into_iter().enumerate() {
                 all.push(TensorMatmul {
-                    input,
-                    output: input,
-                    a_k_contiguous: true,
-                    b_k_contiguous: i % 2 == 0,
-                    narrow: false,
                     bias: Some(if i < 2 { input } else { DType::F32 }),
                     activation,
                     residual: (i != 1).then_some(input),
-                    band: None,
+                    ..plain([input, input], [true, i % 2 == 0], false)
                 });
             }
         }
@@ -1254,17 +1249,7 @@ mod tests {
     /// f32 operands and integer outputs are refused with the dtype named.
     #[test]
     fn other_dtypes_are_refused() {
-        let kernel = TensorMatmul {
-            input: DType::F32,
-            output: DType::F32,
-            a_k_contiguous: true,
-            b_k_contiguous: true,
-            narrow: false,
-            bias: None,
-            activation: None,
-            residual: None,
-            band: None,
-        };
+        let kernel = plain([DType::F32, DType::F32], [true, true], false);
         assert!(spirv(&kernel, None).unwrap_err().contains("f32"));
         let kernel = TensorMatmul {
             input: DType::F16,

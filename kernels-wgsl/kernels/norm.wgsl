@@ -1,8 +1,14 @@
-// Layer norm and RMS norm over rows, forward and backward; a workgroup per row, tree sums.
-// Rows are written two neighbours per thread (`stK_two`): a bf16 output then takes whole
-// 32-bit words, not one atomic update per element.
-// The weight gradients are summed over rows in a fixed order: by chunks of rows over 64
-// columns at a time where there are many rows, else by a workgroup per column.
+// Layer norm and RMS norm over rows, forward and backward. Rows are written two neighbours
+// per thread (`stK_two`): a bf16 output then takes whole 32-bit words, not one atomic update
+// per element. The weight gradients are summed over rows in a fixed order: by chunks of rows
+// over 64 columns at a time where there are many rows, else by a workgroup per column.
+//
+// layer_norm, rms_norm and their `_dx` kernels go a workgroup per row, or a subgroup per row
+// (norm.rs, `rows_code`): the code that opens the loop over rows sets `row`, the thread's
+// `lane` of `lanes` sharing it, and whether the row is `live` (a subgroup past the last row
+// computes the last one again and stores nothing, so that its sums stay in uniform control
+// flow), and `row_sum` adds a value over the row's threads: a workgroup sum, or a subgroup's
+// without the workgroup's barriers, which a workgroup per row waits on with little else to do.
 // Parameters: `NormParams` (norm.rs).
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
@@ -20,59 +26,65 @@ fn ld2x4(base: u32, at: vec4<u32>) -> vec4<f32> { return vec4<f32>(ld2(base + at
 fn ld3x4(base: u32, at: vec4<u32>) -> vec4<f32> { return vec4<f32>(ld3(base + at.x), ld3(base + at.y), ld3(base + at.z), ld3(base + at.w)); }
 
 // @kernel layer_norm
-// Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd.
+// Bindings: 1 x, 2 weight, 3 bias, 4 y, 5 mean, 6 rstd. Rows as the file's head says.
+fn row_sum(v: f32, lid: u32) -> f32 { return ROW_SUM; }
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
     let rows = params.rows;
     let n = params.row_len;
     let eps = params.eps;
-    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+    ROWS_BEGIN
         let x0 = o(1u) + row * n;
         var s = 0.0;
-        for (var j = lid; j < n; j += WG) { s += ld1(x0 + j); }
-        let mean = wg_sum(s, lid) / f32(n);
+        for (var j = lane; j < n; j += lanes) { s += ld1(x0 + j); }
+        let mean = row_sum(s, lid) / f32(n);
         var q = 0.0;
-        for (var j = lid; j < n; j += WG) { let d = ld1(x0 + j) - mean; q += d * d; }
-        let rstd = 1.0 / sqrt(wg_sum(q, lid) / f32(n) + eps);
-        for (var j = 2u * lid; j < n; j += 2u * WG) {
-            let y = (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j);
-            if (j + 1u < n) {
-                st4_two(o(4u) + row * n + j, y, (ld1(x0 + j + 1u) - mean) * rstd * ld2(o(2u) + j + 1u) + ld3(o(3u) + j + 1u));
-            } else {
-                st4(o(4u) + row * n + j, y);
+        for (var j = lane; j < n; j += lanes) { let d = ld1(x0 + j) - mean; q += d * d; }
+        let rstd = 1.0 / sqrt(row_sum(q, lid) / f32(n) + eps);
+        if (live) {
+            for (var j = 2u * lane; j < n; j += 2u * lanes) {
+                let y = (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j);
+                if (j + 1u < n) {
+                    st4_two(o(4u) + row * n + j, y, (ld1(x0 + j + 1u) - mean) * rstd * ld2(o(2u) + j + 1u) + ld3(o(3u) + j + 1u));
+                } else {
+                    st4(o(4u) + row * n + j, y);
+                }
             }
-        }
-        if (lid == 0u) {
-            st5(o(5u) + row, mean);
-            st6(o(6u) + row, rstd);
+            if (lane == 0u) {
+                st5(o(5u) + row, mean);
+                st6(o(6u) + row, rstd);
+            }
         }
     }
 }
 
 // @kernel rms_norm
-// Bindings: 1 x, 2 weight, 3 y, 4 rstd.
+// Bindings: 1 x, 2 weight, 3 y, 4 rstd. Rows as the file's head says.
+fn row_sum(v: f32, lid: u32) -> f32 { return ROW_SUM; }
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
     let rows = params.rows;
     let n = params.row_len;
     let eps = params.eps;
-    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+    ROWS_BEGIN
         let x0 = o(1u) + row * n;
         var q = 0.0;
-        for (var j = lid; j < n; j += WG) { let x = ld1(x0 + j); q += x * x; }
-        let rstd = 1.0 / sqrt(wg_sum(q, lid) / f32(n) + eps);
-        for (var j = 2u * lid; j < n; j += 2u * WG) {
-            let y = ld1(x0 + j) * rstd * ld2(o(2u) + j);
-            if (j + 1u < n) {
-                st3_two(o(3u) + row * n + j, y, ld1(x0 + j + 1u) * rstd * ld2(o(2u) + j + 1u));
-            } else {
-                st3(o(3u) + row * n + j, y);
+        for (var j = lane; j < n; j += lanes) { let x = ld1(x0 + j); q += x * x; }
+        let rstd = 1.0 / sqrt(row_sum(q, lid) / f32(n) + eps);
+        if (live) {
+            for (var j = 2u * lane; j < n; j += 2u * lanes) {
+                let y = ld1(x0 + j) * rstd * ld2(o(2u) + j);
+                if (j + 1u < n) {
+                    st3_two(o(3u) + row * n + j, y, ld1(x0 + j + 1u) * rstd * ld2(o(2u) + j + 1u));
+                } else {
+                    st3(o(3u) + row * n + j, y);
+                }
             }
-        }
-        if (lid == 0u) {
-            st4(o(4u) + row, rstd);
+            if (lane == 0u) {
+                st4(o(4u) + row, rstd);
+            }
         }
     }
 }
@@ -133,34 +145,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel layer_norm_dx
-// Bindings: 1 x, 2 weight, 3 mean, 4 rstd, 5 dy, 6 dx, 7 dweight, 8 dbias.
+// Bindings: 1 x, 2 weight, 3 mean, 4 rstd, 5 dy, 6 dx, 7 dweight, 8 dbias. Rows as the
+// file's head says.
+fn row_sum(v: f32, lid: u32) -> f32 { return ROW_SUM; }
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
     let rows = params.rows;
     let n = params.row_len;
-    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+    ROWS_BEGIN
         let x0 = o(1u) + row * n;
         let d0 = o(5u) + row * n;
         let mean = ld3(o(3u) + row);
         let rstd = ld4(o(4u) + row);
         var sg = 0.0;
         var sgx = 0.0;
-        for (var j = lid; j < n; j += WG) {
+        for (var j = lane; j < n; j += lanes) {
             let g = ld5(d0 + j) * ld2(o(2u) + j);
             sg += g;
             sgx += g * (ld1(x0 + j) - mean) * rstd;
         }
-        let mg = wg_sum(sg, lid) / f32(n);
-        let mgx = wg_sum(sgx, lid) / f32(n);
-        for (var j = 2u * lid; j < n; j += 2u * WG) {
-            let dx = rstd * (ld5(d0 + j) * ld2(o(2u) + j) - mg - (ld1(x0 + j) - mean) * rstd * mgx);
-            if (j + 1u < n) {
-                let i = j + 1u;
-                let next = rstd * (ld5(d0 + i) * ld2(o(2u) + i) - mg - (ld1(x0 + i) - mean) * rstd * mgx);
-                st6_two(o(6u) + row * n + j, dx, next);
-            } else {
-                st6(o(6u) + row * n + j, dx);
+        let mg = row_sum(sg, lid) / f32(n);
+        let mgx = row_sum(sgx, lid) / f32(n);
+        if (live) {
+            for (var j = 2u * lane; j < n; j += 2u * lanes) {
+                let dx = rstd * (ld5(d0 + j) * ld2(o(2u) + j) - mg - (ld1(x0 + j) - mean) * rstd * mgx);
+                if (j + 1u < n) {
+                    let i = j + 1u;
+                    let next = rstd * (ld5(d0 + i) * ld2(o(2u) + i) - mg - (ld1(x0 + i) - mean) * rstd * mgx);
+                    st6_two(o(6u) + row * n + j, dx, next);
+                } else {
+                    st6(o(6u) + row * n + j, dx);
+                }
             }
         }
     }
@@ -190,28 +206,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel rms_norm_dx
-// Bindings: 1 x, 2 weight, 3 rstd, 4 dy, 5 dx, 6 dweight.
+// Bindings: 1 x, 2 weight, 3 rstd, 4 dy, 5 dx, 6 dweight. Rows as the file's head says.
+fn row_sum(v: f32, lid: u32) -> f32 { return ROW_SUM; }
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
     SUBGROUP_ENTER
     let rows = params.rows;
     let n = params.row_len;
-    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+    ROWS_BEGIN
         let x0 = o(1u) + row * n;
         let d0 = o(4u) + row * n;
         let rstd = ld3(o(3u) + row);
         var sgx = 0.0;
-        for (var j = lid; j < n; j += WG) {
+        for (var j = lane; j < n; j += lanes) {
             sgx += ld4(d0 + j) * ld2(o(2u) + j) * ld1(x0 + j) * rstd;
         }
-        let mgx = wg_sum(sgx, lid) / f32(n);
-        for (var j = 2u * lid; j < n; j += 2u * WG) {
-            let dx = rstd * (ld4(d0 + j) * ld2(o(2u) + j) - ld1(x0 + j) * rstd * mgx);
-            if (j + 1u < n) {
-                let i = j + 1u;
-                st5_two(o(5u) + row * n + j, dx, rstd * (ld4(d0 + i) * ld2(o(2u) + i) - ld1(x0 + i) * rstd * mgx));
-            } else {
-                st5(o(5u) + row * n + j, dx);
+        let mgx = row_sum(sgx, lid) / f32(n);
+        if (live) {
+            for (var j = 2u * lane; j < n; j += 2u * lanes) {
+                let dx = rstd * (ld4(d0 + j) * ld2(o(2u) + j) - ld1(x0 + j) * rstd * mgx);
+                if (j + 1u < n) {
+                    let i = j + 1u;
+                    st5_two(o(5u) + row * n + j, dx, rstd * (ld4(d0 + i) * ld2(o(2u) + i) - ld1(x0 + i) * rstd * mgx));
+                } else {
+                    st5(o(5u) + row * n + j, dx);
+                }
             }
         }
     }
@@ -289,145 +308,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             SUM
         }
         FINISH
-    }
-}
-
-// @kernel layer_norm_rows
-// Layer norm with a subgroup per row (where the device has subgroups; norm.rs): its sums by
-// `subgroupAdd`, without the workgroup's barriers, which a workgroup per row waits on while
-// there is little else to do. Every lane runs every row step (rows past the last are
-// computed on the last and not stored), so the subgroup operations stay in uniform control
-// flow. Bindings as layer_norm.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
-    SUBGROUP_ENTER
-    let rows = params.rows;
-    let n = params.row_len;
-    let lanes = WG / sg_count;
-    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
-        let row = min(first + sg_index, rows - 1u);
-        let x0 = o(1u) + row * n;
-        var s = 0.0;
-        for (var j = sg_lane; j < n; j += lanes) { s += ld1(x0 + j); }
-        let mean = subgroupAdd(s) / f32(n);
-        var q = 0.0;
-        for (var j = sg_lane; j < n; j += lanes) { let d = ld1(x0 + j) - mean; q += d * d; }
-        let rstd = 1.0 / sqrt(subgroupAdd(q) / f32(n) + params.eps);
-        if (first + sg_index < rows) {
-            let y0 = o(4u) + row * n;
-            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
-                let y = (ld1(x0 + j) - mean) * rstd * ld2(o(2u) + j) + ld3(o(3u) + j);
-                if (j + 1u < n) {
-                    st4_two(y0 + j, y, (ld1(x0 + j + 1u) - mean) * rstd * ld2(o(2u) + j + 1u) + ld3(o(3u) + j + 1u));
-                } else {
-                    st4(y0 + j, y);
-                }
-            }
-            if (sg_lane == 0u) {
-                st5(o(5u) + row, mean);
-                st6(o(6u) + row, rstd);
-            }
-        }
-    }
-}
-
-// @kernel rms_norm_rows
-// RMS norm with a subgroup per row, as layer_norm_rows. Bindings as rms_norm.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
-    SUBGROUP_ENTER
-    let rows = params.rows;
-    let n = params.row_len;
-    let lanes = WG / sg_count;
-    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
-        let row = min(first + sg_index, rows - 1u);
-        let x0 = o(1u) + row * n;
-        var q = 0.0;
-        for (var j = sg_lane; j < n; j += lanes) { let x = ld1(x0 + j); q += x * x; }
-        let rstd = 1.0 / sqrt(subgroupAdd(q) / f32(n) + params.eps);
-        if (first + sg_index < rows) {
-            let y0 = o(3u) + row * n;
-            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
-                let y = ld1(x0 + j) * rstd * ld2(o(2u) + j);
-                if (j + 1u < n) {
-                    st3_two(y0 + j, y, ld1(x0 + j + 1u) * rstd * ld2(o(2u) + j + 1u));
-                } else {
-                    st3(y0 + j, y);
-                }
-            }
-            if (sg_lane == 0u) {
-                st4(o(4u) + row, rstd);
-            }
-        }
-    }
-}
-
-// @kernel layer_norm_dx_rows
-// layer_norm_dx with a subgroup per row, as layer_norm_rows. Bindings as layer_norm_dx.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
-    SUBGROUP_ENTER
-    let rows = params.rows;
-    let n = params.row_len;
-    let lanes = WG / sg_count;
-    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
-        let row = min(first + sg_index, rows - 1u);
-        let x0 = o(1u) + row * n;
-        let d0 = o(5u) + row * n;
-        let mean = ld3(o(3u) + row);
-        let rstd = ld4(o(4u) + row);
-        var sg = 0.0;
-        var sgx = 0.0;
-        for (var j = sg_lane; j < n; j += lanes) {
-            let g = ld5(d0 + j) * ld2(o(2u) + j);
-            sg += g;
-            sgx += g * (ld1(x0 + j) - mean) * rstd;
-        }
-        let mg = subgroupAdd(sg) / f32(n);
-        let mgx = subgroupAdd(sgx) / f32(n);
-        if (first + sg_index < rows) {
-            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
-                let dx = rstd * (ld5(d0 + j) * ld2(o(2u) + j) - mg - (ld1(x0 + j) - mean) * rstd * mgx);
-                if (j + 1u < n) {
-                    let i = j + 1u;
-                    let next = rstd * (ld5(d0 + i) * ld2(o(2u) + i) - mg - (ld1(x0 + i) - mean) * rstd * mgx);
-                    st6_two(o(6u) + row * n + j, dx, next);
-                } else {
-                    st6(o(6u) + row * n + j, dx);
-                }
-            }
-        }
-    }
-}
-
-// @kernel rms_norm_dx_rows
-// rms_norm_dx with a subgroup per row, as layer_norm_rows. Bindings as rms_norm_dx.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32 SUBGROUP_ARGS) {
-    SUBGROUP_ENTER
-    let rows = params.rows;
-    let n = params.row_len;
-    let lanes = WG / sg_count;
-    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
-        let row = min(first + sg_index, rows - 1u);
-        let x0 = o(1u) + row * n;
-        let d0 = o(4u) + row * n;
-        let rstd = ld3(o(3u) + row);
-        var sgx = 0.0;
-        for (var j = sg_lane; j < n; j += lanes) {
-            sgx += ld4(d0 + j) * ld2(o(2u) + j) * ld1(x0 + j) * rstd;
-        }
-        let mgx = subgroupAdd(sgx) / f32(n);
-        if (first + sg_index < rows) {
-            for (var j = 2u * sg_lane; j < n; j += 2u * lanes) {
-                let dx = rstd * (ld4(d0 + j) * ld2(o(2u) + j) - ld1(x0 + j) * rstd * mgx);
-                if (j + 1u < n) {
-                    let i = j + 1u;
-                    st5_two(o(5u) + row * n + j, dx, rstd * (ld4(d0 + i) * ld2(o(2u) + i) - ld1(x0 + i) * rstd * mgx));
-                } else {
-                    st5(o(5u) + row * n + j, dx);
-                }
-            }
-        }
     }
 }

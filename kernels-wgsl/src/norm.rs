@@ -68,29 +68,41 @@ pub(crate) fn launch(
     // spends its time waiting on its barriers.
     let short = n <= 4 * WG as usize;
     let by_subgroups = short && gpu.caps().subgroups && rows >= MANY_ROWS;
-    let subgroup_groups = rows.div_ceil(ROWS_PER_GROUP);
+    // The kernels over rows that go a workgroup or a subgroup per row.
+    let by_rows = |section: &str| {
+        let (variant, groups) = match by_subgroups {
+            true => (
+                format!("{section}/subgroup_rows"),
+                rows.div_ceil(ROWS_PER_GROUP),
+            ),
+            false => (section.to_string(), rows),
+        };
+        run(
+            gpu,
+            &k(&variant),
+            SRC,
+            section,
+            || Ok(rows_code(by_subgroups)),
+            inputs,
+            outputs,
+            groups as u64,
+            params,
+        )
+    };
     match op {
-        Op::LayerNorm if by_subgroups => go("layer_norm_rows", subgroup_groups),
-        Op::RmsNorm if by_subgroups => go("rms_norm_rows", subgroup_groups),
-        Op::LayerNorm if short => go("layer_norm_short", rows),
-        Op::RmsNorm if short => go("rms_norm_short", rows),
-        Op::LayerNorm => go("layer_norm", rows),
-        Op::RmsNorm => go("rms_norm", rows),
+        Op::LayerNorm if short && !by_subgroups => go("layer_norm_short", rows),
+        Op::RmsNorm if short && !by_subgroups => go("rms_norm_short", rows),
+        Op::LayerNorm => by_rows("layer_norm"),
+        Op::RmsNorm => by_rows("rms_norm"),
         Op::LayerNormBackward => {
-            match by_subgroups {
-                true => go("layer_norm_dx_rows", subgroup_groups)?,
-                false => go("layer_norm_dx", rows)?,
-            }
+            by_rows("layer_norm_dx")?;
             match dw_chunks(gpu, rows, n) {
                 Some(chunks) => dw_in_chunks(gpu, op, inputs, outputs, rows, n, chunks),
                 None => go("layer_norm_dw", n),
             }
         }
         Op::RmsNormBackward => {
-            match by_subgroups {
-                true => go("rms_norm_dx_rows", subgroup_groups)?,
-                false => go("rms_norm_dx", rows)?,
-            }
+            by_rows("rms_norm_dx")?;
             match dw_chunks(gpu, rows, n) {
                 Some(chunks) => dw_in_chunks(gpu, op, inputs, outputs, rows, n, chunks),
                 None => go("rms_norm_dw", n),
@@ -98,6 +110,29 @@ pub(crate) fn launch(
         }
         _ => Err(unsupported(gpu, op)),
     }
+}
+
+/// How the kernels over rows (`norm.wgsl`'s head) take them: a subgroup per row (its sums by
+/// `subgroupAdd`) or a workgroup per row.
+fn rows_code(by_subgroups: bool) -> Vec<(&'static str, String)> {
+    let (begin, sum) = match by_subgroups {
+        true => (
+            "let lanes = WG / sg_count;
+    let lane = sg_lane;
+    for (var first = group_index(wid, nwg) * sg_count; first < rows; first += group_count(nwg) * sg_count) {
+        let row = min(first + sg_index, rows - 1u);
+        let live = first + sg_index < rows;",
+            "subgroupAdd(v)",
+        ),
+        false => (
+            "let lanes = WG;
+    let lane = lid;
+    for (var row = group_index(wid, nwg); row < rows; row += group_count(nwg)) {
+        let live = true;",
+            "wg_sum(v, lid)",
+        ),
+    };
+    vec![("ROWS_BEGIN", begin.into()), ("ROW_SUM", sum.into())]
 }
 
 /// The chunks of rows `norm_dw_chunks` splits a norm's weight gradients into, where it
@@ -191,4 +226,38 @@ fn dw_in_chunks(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rows_code, NormParams, SRC};
+    use crate::gpu::Build;
+    use crate::params::ParamBlock;
+    use crate::source::source;
+    use tessera_core::DType;
+
+    /// The kernels over rows validate a workgroup per row (with and without subgroups) and a
+    /// subgroup per row, for 16-bit rows and f32 statistics.
+    #[test]
+    fn the_row_kernels_are_valid_wgsl() {
+        let (x, stat) = ((DType::BF16, false), (DType::F32, false));
+        let (y, stat_out) = ((DType::BF16, true), (DType::F32, true));
+        let kernels = [
+            ("layer_norm", vec![x, x, x, y, stat_out, stat_out]),
+            ("rms_norm", vec![x, x, y, stat_out]),
+            ("layer_norm_dx", vec![x, x, stat, stat, x, y, y, y]),
+            ("rms_norm_dx", vec![x, x, stat, x, y, y]),
+        ];
+        for (section, bindings) in kernels {
+            for (subgroups, by_subgroups) in [(false, false), (true, false), (true, true)] {
+                let build = Build {
+                    immediate_words: None,
+                    subgroups,
+                };
+                let subst = rows_code(by_subgroups);
+                let src = source(SRC, section, &bindings, &subst, build, &NormParams::wgsl());
+                crate::source::assert_valid(&src, &format!("{section} {by_subgroups}"));
+            }
+        }
+    }
 }

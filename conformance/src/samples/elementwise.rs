@@ -40,6 +40,11 @@ fn scalar_sets(u: UnaryOp) -> Vec<Vec<f64>> {
     }
 }
 
+/// Shapes of the samples with NaN and infinities: rows of 29 elements go one at a time, rows
+/// of 16 may go 16 bytes at a time.
+const NONFINITE_SHAPES: [([usize; 2], &str); 2] =
+    [([9, 29], "[9, 29] NaN/inf"), ([6, 16], "[6, 16] NaN/inf")];
+
 /// Shapes and views every one-input elementwise op runs on: tile-unfriendly sizes, rank 0,
 /// empty, and strided, padded and broadcast views, and rows of 16 elements spaced apart (a
 /// backend may move them 16 bytes at a time).
@@ -77,18 +82,10 @@ pub(super) fn unary(u: UnaryOp) -> Vec<Sample> {
             .scalars(&scalars)
             .gradcheck(),
         );
-        // Rows of 29 elements go one at a time, rows of 16 may go 16 bytes at a time.
-        for shape in [[9, 29], [6, 16]] {
-            let nonfinite = Gen::Special(Box::new(uniform(-3.0, 3.0)));
-            out.push(
-                Sample::new(
-                    op.clone(),
-                    format!("{shape:?} NaN/inf {scalars:?}"),
-                    vec![input(&shape, nonfinite)],
-                )
-                .scalars(&scalars)
-                .no_backward(),
-            );
+        for (shape, name) in NONFINITE_SHAPES {
+            let x = input(&shape, Gen::Special(Box::new(uniform(-3.0, 3.0))));
+            let sample = Sample::new(op.clone(), format!("{name} {scalars:?}"), vec![x]);
+            out.push(sample.scalars(&scalars).no_backward());
         }
     }
     out
@@ -115,16 +112,14 @@ pub(super) fn unary_backward(u: UnaryOp) -> Vec<Sample> {
                     .scalars(&scalars),
             );
         }
-        for shape in [[9, 29], [6, 16]] {
-            let nonfinite = Gen::Special(Box::new(uniform(-3.0, 3.0)));
-            out.push(
-                Sample::new(
-                    op.clone(),
-                    format!("{shape:?} NaN/inf {scalars:?}"),
-                    vec![input(&shape, nonfinite), input(&shape, special())],
-                )
-                .scalars(&scalars),
+        for (shape, name) in NONFINITE_SHAPES {
+            let x = input(&shape, Gen::Special(Box::new(uniform(-3.0, 3.0))));
+            let sample = Sample::new(
+                op.clone(),
+                format!("{name} {scalars:?}"),
+                vec![x, input(&shape, special())],
             );
+            out.push(sample.scalars(&scalars));
         }
     }
     out

@@ -172,7 +172,8 @@ fn generate_greedy(
     greedy_steps(model, prompt, options, on_token, &mut step)
 }
 
-/// [`generate_greedy`] with the decoding step run by `step` (replayed, or eager for a
+/// Greedy decoding as `generate_greedy` runs it (every step's work the same, replayed where
+/// the device records work), with the decoding step run by `step` (replayed, or eager for a
 /// reference).
 pub fn greedy_steps(
     model: &Transformer,

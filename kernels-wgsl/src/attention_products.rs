@@ -137,7 +137,7 @@ pub(crate) fn backward(
     // parts of k its mask makes zero or unread ([`Band`]); the key-side products only where
     // each key head has one query head (with more, their rows are folded together along k).
     let band = |kind: BandKind| {
-        let applies = causal && (kind == BandKind::QueryRows || kind == BandKind::Scores || g == 1);
+        let applies = causal && (kind != BandKind::KeyRows || g == 1);
         applies.then_some(Band {
             kind,
             offset: (tk - tq) as u32,

@@ -7,11 +7,13 @@
 //! outputs, whose one-element stores must update half a 32-bit word atomically. The heads'
 //! copies into and out of attention's layout are such copies.
 
-use tessera_core::{merge_dims, BinaryOp, CompareOp, DType, Error, Op, Result, TensorRef, UnaryOp};
+use tessera_core::{
+    merge_dims, BinaryOp, CompareOp, DType, Error, Layout, Op, Result, TensorRef, UnaryOp,
+};
 
 use crate::gpu::Gpu;
 use crate::params::{offsets, param_block};
-use crate::source::{groups_for, key, run, unsupported, wide_elements};
+use crate::source::{groups_for, key, run, unsupported, wide_along, wide_elements};
 
 const SRC: &str = include_str!("../kernels/elementwise.wgsl");
 
@@ -253,10 +255,9 @@ fn map_body(op: &Op, inputs: &[TensorRef<'_>]) -> Option<String> {
     })
 }
 
-/// Whether every operand (a float dtype) steps through the innermost of the merged `shape`
-/// contiguously, [`GROUP`] elements at a time in whole 16-byte vectors: that dimension a
-/// whole number of groups long, and every offset and other stride a whole number of vectors,
-/// in bindings that start 16-byte aligned.
+/// Whether every operand, through the merged `shape` and its `strides`, can be read and
+/// written as 16-byte vectors along the innermost dimension ([`wide_along`]), that dimension
+/// a whole number of [`GROUP`]s long.
 fn wide_operands(
     gpu: &dyn Gpu,
     tensors: &[&TensorRef<'_>],
@@ -266,14 +267,14 @@ fn wide_operands(
     let Some(last) = shape.len().checked_sub(1) else {
         return false;
     };
-    gpu.align().is_multiple_of(16)
-        && shape[last].is_multiple_of(GROUP)
+    shape[last].is_multiple_of(GROUP)
         && tensors.iter().zip(strides).all(|(t, st)| {
-            wide_elements(t.dtype).is_some_and(|per_vector| {
-                st[last] == 1
-                    && t.layout.offset.is_multiple_of(per_vector)
-                    && st[..last].iter().all(|s| s.is_multiple_of(per_vector))
-            })
+            let merged = Layout {
+                shape: shape.to_vec(),
+                strides: st.clone(),
+                offset: t.layout.offset,
+            };
+            wide_along(gpu, &t.with_layout(&merged), last).is_some()
         })
 }
 

@@ -162,3 +162,74 @@ fn accumulated_micro_batches_give_the_large_batch_gradient() {
         }
     }
 }
+
+/// A large vocabulary's logits over many rows come from a product padded to whole tiles and
+/// narrowed back (the forward's logits are then a view with wider rows); loss and gradients
+/// equal those of the same rows in halves too small to be padded, where the op itself
+/// ignores targets past the vocabulary.
+#[test]
+fn a_padded_lm_head_gives_the_unpadded_loss_and_gradients() {
+    let device = cpu();
+    let (vocab, seq) = (16_400, 160);
+    let config = TransformerConfig::gpt2(vocab, seq, 16, 1, 2);
+    let model = Transformer::new(&config, &device, DType::F32, &mut RngState::new(3)).unwrap();
+    let ids: Vec<u32> = (0..2 * seq)
+        .map(|i| ((i * 7919 + 11) % vocab) as u32)
+        .collect();
+    let mut targets: Vec<u32> = (0..2 * seq)
+        .map(|i| ((i * 104_729 + 5) % vocab) as u32)
+        .collect();
+    // Targets outside the vocabulary are ignored, those among the padded columns too.
+    targets[3] = vocab as u32;
+    targets[seq + 7] = vocab as u32 + 100;
+    let rows = |n: usize, from: usize| {
+        let span = from * seq..(from + n) * seq;
+        (
+            Tensor::from_slice(&ids[span.clone()], &[n, seq], &device).unwrap(),
+            Tensor::from_slice(&targets[span], &[n, seq], &device).unwrap(),
+        )
+    };
+    let (x, y) = rows(2, 0);
+    let logits = model.forward(&x, None).unwrap();
+    assert_eq!(logits.shape(), [2, seq, vocab]);
+    assert!(
+        !logits.is_contiguous(),
+        "320 rows of 16,400 were not padded"
+    );
+    let (half, _) = rows(1, 0);
+    assert!(model.forward(&half, None).unwrap().is_contiguous());
+
+    let whole_loss = model.loss_with_targets(&x, &y).unwrap();
+    whole_loss.backward().unwrap();
+    let whole: Vec<Vec<f64>> = tessera::nn::parameters(&model)
+        .iter()
+        .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap())
+        .collect();
+    tessera::nn::zero_grad(&model);
+    let mut halves_loss = 0.0;
+    for from in [0, 1] {
+        let (x, y) = rows(1, from);
+        let loss = model
+            .loss_with_targets(&x, &y)
+            .unwrap()
+            .mul_scalar(0.5)
+            .unwrap();
+        halves_loss += loss.item().unwrap();
+        loss.backward().unwrap();
+    }
+    let whole_loss = whole_loss.item().unwrap();
+    assert!(
+        (whole_loss - halves_loss).abs() <= 1e-6 * whole_loss.abs(),
+        "padded loss {whole_loss} vs halves {halves_loss}"
+    );
+    for ((name, p), want) in tessera::nn::parameters(&model).iter().zip(whole) {
+        let got = p.grad().unwrap().to_vec_f64().unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-7 + 1e-4 * w.abs(),
+                "{name}: halves {g} vs padded {w}"
+            );
+        }
+    }
+}

@@ -21,6 +21,41 @@ pub(crate) enum InitKind {
 /// a checkpoint.
 pub(crate) type ParamSource<'a> = dyn FnMut(&str, &[usize], InitKind) -> Result<Tensor> + 'a;
 
+/// The LM head's vocabulary is padded to a multiple of this (GPT-2's 50,257 to 50,432) for
+/// large products: zero rows appended to the head's weight, and the logits narrowed back to
+/// the vocabulary. The three products of a training step then fill whole tiles of the GPUs'
+/// tensor-core matmul (its tile is 128 x 256 x 32), and the logits' rows start on 16 bytes,
+/// where 50,257 columns left every tile clamping its loads and reading unaligned rows (on the
+/// H200 the three went from 13.4 to 8.5 ms of GPT-2's bf16 step). As in nanoGPT and llm.c,
+/// but invisible: the extra rows are zero and their logits the dtype's lowest value (a bias
+/// the products add), narrowed away from what [`Transformer::forward`] returns and given no
+/// probability by the loss, so the loss, the gradients and the parameters are the
+/// vocabulary's alone (the loss of GPT-2's step is the same bits).
+const VOCAB_MULTIPLE: usize = 256;
+/// Rows from which the logits' product is padded: fewer (decoding, short prompts) run
+/// kernels that do not tile, and would copy the head's weight for nothing.
+const PADDED_ROWS: usize = 256;
+
+/// The vocabulary the LM head's product runs over for `rows` rows: padded to a multiple of
+/// [`VOCAB_MULTIPLE`] where that adds at most 1/64 to the product ([`PADDED_ROWS`] rows on).
+fn padded_vocab(rows: usize, vocab: usize) -> usize {
+    if rows >= PADDED_ROWS && vocab >= 64 * VOCAB_MULTIPLE {
+        vocab.next_multiple_of(VOCAB_MULTIPLE)
+    } else {
+        vocab
+    }
+}
+
+/// The lowest finite value of `dtype`: the logit of a padded column, whose exponential
+/// underflows to zero against any real logit without the infinities' `inf - inf`.
+fn lowest_finite(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => half::f16::MIN.to_f64(),
+        DType::BF16 => half::bf16::MIN.to_f64(),
+        _ => f64::from(f32::MIN),
+    }
+}
+
 /// Pre-norm residual block: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`, each residual
 /// added in the epilogue of the branch's last matmul.
 pub struct Block {
@@ -293,9 +328,9 @@ impl Transformer {
         Ok(())
     }
 
-    /// Logits `[B, T, V]` for token ids `[B, T]` (i32 or u32). With a cache, the ids continue
-    /// the cached positions and the cache grows by `T`.
-    pub fn forward(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+    /// [`Transformer::forward`]'s logits before they are narrowed to the vocabulary: padded
+    /// ones keep their extra columns ([`VOCAB_MULTIPLE`]).
+    fn padded_forward(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
         self.check_ids(ids)?;
         let t = ids.shape()[1];
         let start = cache.as_ref().map_or(0, |c| c.len());
@@ -319,6 +354,13 @@ impl Transformer {
             None => None,
         };
         self.run(ids, Positions::From(start), pos_ids.as_ref(), cache)
+    }
+
+    /// Logits `[B, T, V]` for token ids `[B, T]` (i32 or u32). With a cache, the ids continue
+    /// the cached positions and the cache grows by `T`.
+    pub fn forward(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let logits = self.padded_forward(ids, cache)?;
+        self.vocabulary(logits)
     }
 
     /// Logits `[B, T, V]` for token ids `[B, T]` at `positions [T]` (an i32 device tensor),
@@ -350,12 +392,13 @@ impl Transformer {
                 "device positions need a KV cache of fixed capacity (KvCache::with_capacity)",
             ));
         }
-        self.run(
+        let logits = self.run(
             ids,
             Positions::Device(positions),
             Some(positions),
             Some(cache),
-        )
+        )?;
+        self.vocabulary(logits)
     }
 
     fn check_ids(&self, ids: &Tensor) -> Result<()> {
@@ -402,7 +445,28 @@ impl Transformer {
             x: &x,
             norm: &self.norm,
         };
-        normed.linear(head, None, None, None)
+        let vocab = head.shape()[0];
+        let rows = x.numel() / x.shape().last().copied().unwrap_or(1).max(1);
+        let padded = padded_vocab(rows, vocab);
+        if padded == vocab {
+            return normed.linear(head, None, None, None);
+        }
+        let (d, dtype, device) = (head.shape()[1], head.dtype(), head.device());
+        let zero_rows = Tensor::zeros(&[padded - vocab, d], dtype, device)?;
+        let head = Tensor::cat(&[head, &zero_rows], 0)?;
+        let unmasked = Tensor::zeros(&[vocab], dtype, device)?;
+        let masked = Tensor::full(&[padded - vocab], lowest_finite(dtype), dtype, device)?;
+        let bias = Tensor::cat(&[&unmasked, &masked], 0)?;
+        normed.linear(&head, Some(&bias), None, None)
+    }
+
+    /// `logits` over the vocabulary: a view of the first `vocab_size` columns of padded ones.
+    fn vocabulary(&self, logits: Tensor) -> Result<Tensor> {
+        let vocab = self.config.vocab_size;
+        if logits.shape().last() == Some(&vocab) {
+            return Ok(logits);
+        }
+        logits.narrow(-1, 0, vocab)
     }
 
     /// Mean next-token cross-entropy of `ids [B, T]`: logits at `0..T-1` against ids at
@@ -424,11 +488,9 @@ impl Transformer {
                 format!("need at least 2 tokens per row; got {:?}", ids.shape()),
             ));
         }
-        let logits = self.forward(&ids.narrow(1, 0, t - 1)?, None)?;
+        let logits = self.padded_forward(&ids.narrow(1, 0, t - 1)?, None)?;
         let targets = ids.narrow(1, 1, t - 1)?.reshape(&[b * (t - 1)])?;
-        logits
-            .reshape(&[b * (t - 1), self.config.vocab_size])?
-            .cross_entropy(&targets)
+        self.cross_entropy(logits, &targets)
     }
 
     /// Mean cross-entropy of the logits of `inputs [B, T]` against `targets [B, T]`; targets
@@ -445,10 +507,20 @@ impl Transformer {
             ));
         }
         let n = inputs.numel();
-        let logits = self.forward(inputs, None)?;
+        let logits = self.padded_forward(inputs, None)?;
+        self.cross_entropy(logits, &targets.reshape(&[n])?)
+    }
+
+    /// Mean cross-entropy of `logits [.., W]` (padded: W past the vocabulary) against
+    /// `targets [N]`, over the vocabulary alone: padded columns hold the dtype's lowest
+    /// finite value, so their probabilities are zero, and targets among them are ignored as
+    /// every target outside the vocabulary is.
+    fn cross_entropy(&self, logits: Tensor, targets: &Tensor) -> Result<Tensor> {
+        let width = logits.shape().last().copied().unwrap_or(0);
+        let rows = logits.numel() / width.max(1);
         logits
-            .reshape(&[n, self.config.vocab_size])?
-            .cross_entropy(&targets.reshape(&[n])?)
+            .reshape(&[rows, width])?
+            .cross_entropy_of(targets, self.config.vocab_size)
     }
 }
 

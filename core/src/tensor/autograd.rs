@@ -169,9 +169,10 @@ pub(super) fn record(
             }
         })
         .collect();
+    let wanted: Vec<bool> = inputs.iter().map(|t| t.0.requires_grad).collect();
     let (op_c, scalars) = (op.clone(), scalars.to_vec());
     let backward =
-        Box::new(move |g: &Tensor| vjp(&op_c, &saved_inputs, &saved_outputs, &scalars, g));
+        Box::new(move |g: &Tensor| vjp(&op_c, &saved_inputs, &saved_outputs, &wanted, &scalars, g));
     let first = outputs.remove(0);
     outputs.insert(0, attach(first, inputs, op.name(), backward));
     Ok(outputs)
@@ -634,10 +635,13 @@ fn first(outputs: Vec<Tensor>) -> Tensor {
 }
 
 /// The vector-Jacobian product of `op`: input gradients from the first output's gradient.
+/// `wanted` says which inputs take gradients; a product leaves the others out (an LM head's
+/// constant bias, whose gradient would be a sum over every logit).
 fn vjp(
     op: &Op,
     x: &[Tensor],
     y: &[Tensor],
+    wanted: &[bool],
     scalars: &[f64],
     g: &Tensor,
 ) -> Result<Vec<Option<Tensor>>> {
@@ -745,14 +749,19 @@ fn vjp(
             // as `g^T a` and handed back transposed, so that it reaches the weight row-major
             // instead of being copied there.
             let b_transposed = a.rank() == 2 && b.rank() == 2 && b.transpose(0, 1)?.is_contiguous();
-            let grad_b = match b_transposed {
-                true => g_pre.transpose(0, 1)?.matmul(a)?.transpose(0, 1)?,
-                false => a.transpose(-1, -2)?.matmul(&g_pre)?,
+            let grad_b = match (wanted[1], b_transposed) {
+                (false, _) => None,
+                (true, true) => Some(g_pre.transpose(0, 1)?.matmul(a)?.transpose(0, 1)?),
+                (true, false) => Some(a.transpose(-1, -2)?.matmul(&g_pre)?),
             };
-            let mut grads = vec![Some(g_pre.matmul(&b.transpose(-1, -2)?)?), Some(grad_b)];
+            let grad_a = match wanted[0] {
+                true => Some(g_pre.matmul(&b.transpose(-1, -2)?)?),
+                false => None,
+            };
+            let mut grads = vec![grad_a, grad_b];
             if *bias {
                 let lead: Vec<usize> = (0..g.rank() - 1).collect();
-                grads.push(Some(g_pre.sum(&lead, false)?));
+                grads.push(wanted[2].then(|| g_pre.sum(&lead, false)).transpose()?);
             }
             if *residual {
                 grads.push(Some(g.clone()));

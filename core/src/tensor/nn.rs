@@ -105,6 +105,13 @@ impl Tensor {
     /// Mean cross-entropy over the rows whose target is in `0..V` (PyTorch's
     /// `ignore_index` behaviour), computed without a host round trip. A rank-0 tensor.
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        self.cross_entropy_of(targets, self.shape().last().copied().unwrap_or(0))
+    }
+
+    /// [`Tensor::cross_entropy`] over the first `classes` columns, where the others' logits
+    /// are too low to take any probability (a padded vocabulary's): rows whose target is
+    /// not in `0..classes` are ignored.
+    pub(crate) fn cross_entropy_of(&self, targets: &Tensor, classes: usize) -> Result<Tensor> {
         if self.rank() != 2 {
             return Err(Error::shape(
                 "cross_entropy",
@@ -120,7 +127,7 @@ impl Tensor {
         let device = self.device();
         // Compared in the targets' own integer dtype: exact, and available on every backend.
         let low = Tensor::scalar(0.0, targets.dtype(), device)?;
-        let high = Tensor::scalar(self.shape()[1] as f64, targets.dtype(), device)?;
+        let high = Tensor::scalar(classes as f64, targets.dtype(), device)?;
         let valid = targets
             .compare_to(&low, CompareOp::Ge)?
             .to_dtype(stats)?
@@ -128,6 +135,12 @@ impl Tensor {
         let count = valid
             .sum_all()?
             .maximum(&Tensor::scalar(1.0, stats, device)?)?;
+        // A target among padded columns is a row the op did not ignore.
+        let rows = if classes < self.shape()[1] {
+            rows.mul(&valid)?
+        } else {
+            rows
+        };
         rows.sum_all()?.div(&count)
     }
 

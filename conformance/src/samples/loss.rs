@@ -1,4 +1,5 @@
-//! Cross-entropy samples: vocabularies beyond 65,536, many rows, ignored targets.
+//! Cross-entropy samples: vocabularies beyond 65,536, many rows, ignored targets, rows of
+//! whole 16-byte vectors.
 
 use tessera::{DType, Op};
 
@@ -13,6 +14,8 @@ fn cases() -> Vec<(usize, usize, Input)> {
     vec![
         (7, 33, targets(7, DType::I32, -1, 33)),
         (7, 33, targets(7, DType::U32, 0, 36)),
+        // Rows of whole 16-byte vectors (read and written a vector at a time on GPUs).
+        (9, 264, targets(9, DType::I32, -1, 270)),
         (
             4,
             33,
@@ -72,5 +75,7 @@ pub(super) fn backward() -> Vec<Sample> {
         .collect();
     // A gradient written from an odd element: a 16-bit output then starts mid-word.
     out.push(backward_case(7, 33, targets(7, DType::I32, 0, 33)).out_view(View::Offset(1)));
+    // ... and from a whole vector past the output's start.
+    out.push(backward_case(9, 264, targets(9, DType::I32, 0, 264)).out_view(View::Offset(8)));
     out
 }

@@ -31,6 +31,9 @@ pub(super) fn reduce(kind: ReduceOp) -> Vec<Sample> {
         case(&[1500, 3], &[0], false, View::Contiguous, u()),
         // Rows of whole 16-byte groups: a column reduction by vector loads.
         case(&[1000, 72], &[0], false, View::Contiguous, u()),
+        // Column reductions over more than one workgroup's outputs, of rows merged from two
+        // axes.
+        case(&[3, 200, 520], &[0, 1], false, View::Contiguous, u()),
         case(&[70_000, 3], &[1], false, View::Contiguous, u()),
         case(
             &[4, 5, 6],

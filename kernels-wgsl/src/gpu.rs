@@ -97,6 +97,9 @@ impl TensorMatmul {
     /// for the product's sizes (f16, TFLOP/s): 128 x 256 x 32 267, 256 x 128 x 32 253; and
     /// faster on each of GPT-2's products but the LM head (`benches/README.md`). Reading
     /// its sizes, on the H200: 256 x 128 x 32 147, 128 x 256 x 32 144, 128 x 128 x 64 136.
+    /// Compiled for the sizes on the H200, no tile takes GPT-2's products over a k of 768
+    /// past about 200 TFLOP/s: 128 x 128 x 32 with 128 threads gains 3-5% there and loses 5%
+    /// at 4096^3 (`benches/README.md`).
     pub const TILE: [u32; 3] = [128, 256, 32];
     /// The tile of [`TensorMatmul::narrow`] kernels, for outputs of at most its width:
     /// attention's products over its head dimension.

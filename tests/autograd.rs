@@ -1,6 +1,9 @@
 //! Gradients through narrow views against sums worked out by hand: slices of one tensor that
 //! meet in the backward pass (a fused projection split three ways), overlapping slices,
-//! slices along different axes, and a slice beside a use of the whole tensor.
+//! slices along different axes, and a slice beside a use of the whole tensor; what the graph
+//! keeps, a second backward pass, and gradients shared between inputs.
+
+use std::sync::Arc;
 
 use tessera::{DType, Tensor};
 
@@ -71,4 +74,83 @@ fn slices_along_two_axes_and_the_whole_tensor_all_count() {
     let second = [110.0, 111.0, 111.0, 110.0, 1110.0, 1110.0];
     let want: Vec<f64> = first.iter().chain(&second).map(|w| 2.0 * w).collect();
     assert_eq!(x.grad().unwrap().to_vec_f64().unwrap(), want);
+}
+
+/// An intermediate tensor whose data no backward reads is freed once the caller drops
+/// it, while one a backward reads lives on in the graph; the gradients are the same.
+#[test]
+fn the_graph_keeps_only_what_backward_passes_read() {
+    let device = tessera::open_device("cpu").unwrap();
+    let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
+        .unwrap()
+        .requires_grad();
+    let unread = a.exp().unwrap();
+    let doubled = unread.add(&unread).unwrap();
+    let read = a.exp().unwrap();
+    let sine = read.sin().unwrap();
+    let (unread_storage, read_storage) = (
+        Arc::downgrade(unread.buffer()),
+        Arc::downgrade(read.buffer()),
+    );
+    drop((unread, read));
+    assert!(
+        unread_storage.upgrade().is_none(),
+        "an add's input was kept"
+    );
+    assert!(read_storage.upgrade().is_some(), "sin's input was dropped");
+    let loss = doubled.add(&sine).unwrap().sum(&[0], false).unwrap();
+    loss.backward().unwrap();
+    let grad = a.grad().unwrap().to_vec::<f32>().unwrap();
+    for (g, x) in grad.iter().zip([0.5f32, -1.0]) {
+        let expected = 2.0 * x.exp() + x.exp().cos() * x.exp();
+        assert!((g - expected).abs() < 1e-5, "{g} vs {expected}");
+    }
+}
+
+/// A backward pass frees what the graph saved, so a second one through the same graph
+/// is refused with an error that says so (PyTorch's rule without `retain_graph`).
+#[test]
+fn a_second_backward_pass_through_one_graph_is_refused() {
+    let device = tessera::open_device("cpu").unwrap();
+    let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
+        .unwrap()
+        .requires_grad();
+    let loss = a.exp().unwrap().sum(&[0], false).unwrap();
+    loss.backward().unwrap();
+    let err = loss.backward().unwrap_err().to_string();
+    assert!(err.contains("already backpropagated"), "{err}");
+}
+
+/// A parameter added to a same-shaped tensor gets the very gradient the other input
+/// gets: it is not the leaf's alone until that input's own backward has run. (The add's
+/// gradient is a product's output here; a sum's gradient would reach it as a broadcast view,
+/// which the leaf copies and then holds alone.)
+#[test]
+fn a_gradient_passed_on_to_another_input_is_not_exclusive() {
+    let device = tessera::open_device("cpu").unwrap();
+    let leaf = |v: &[f32]| {
+        Tensor::from_slice(v, &[v.len()], &device)
+            .unwrap()
+            .requires_grad()
+    };
+    let (x, bias, scale) = (leaf(&[1.0, 2.0]), leaf(&[0.5, 0.5]), leaf(&[3.0, 3.0]));
+    let weights = Tensor::from_slice(&[2.0f32, -1.0], &[2], &device).unwrap();
+    let loss = x
+        .mul(&scale)
+        .unwrap()
+        .add(&bias)
+        .unwrap()
+        .mul(&weights)
+        .unwrap()
+        .sum(&[0], false)
+        .unwrap();
+    let seed = Tensor::ones(&[], DType::F32, &device).unwrap();
+    let leaves = [bias.clone(), scale.clone()];
+    let mut seen = Vec::new();
+    loss.backward_with_hooks(&seed, &leaves, &mut |i| {
+        seen.push((i, leaves[i].grad_is_exclusive()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, vec![(0, false), (1, true)]);
 }

@@ -322,8 +322,9 @@ impl Tensor {
 
     /// Whether this leaf's gradient is held by the leaf alone: no other handle or view
     /// shares its storage (an add's backward passes one gradient to both its inputs), so it
-    /// may be written in place while the backward pass goes on.
-    pub(crate) fn grad_is_exclusive(&self) -> bool {
+    /// may be written in place while the backward pass goes on (by a hook of
+    /// [`Tensor::backward_with_hooks`], say).
+    pub fn grad_is_exclusive(&self) -> bool {
         let slot = self.0.grad.lock().unwrap_or_else(|e| e.into_inner());
         slot.as_ref()
             .is_some_and(|g| Arc::strong_count(&g.0) == 1 && Arc::strong_count(&g.0.buffer) == 1)
@@ -893,91 +894,5 @@ impl Tensor {
             return self.reshape(shape);
         }
         self.sum(&axes, true)?.reshape(shape)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{open_device, DType};
-
-    /// An intermediate tensor whose data no backward reads is freed once the caller drops
-    /// it, while one a backward reads lives on in the graph; the gradients are the same.
-    #[test]
-    fn the_graph_keeps_only_what_backward_passes_read() {
-        let Ok(device) = open_device("cpu") else {
-            return;
-        };
-        let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
-            .unwrap()
-            .requires_grad();
-        let unread = a.exp().unwrap();
-        let doubled = unread.add(&unread).unwrap();
-        let read = a.exp().unwrap();
-        let sine = read.sin().unwrap();
-        let (unread_storage, read_storage) = (
-            Arc::downgrade(unread.buffer()),
-            Arc::downgrade(read.buffer()),
-        );
-        drop((unread, read));
-        assert!(
-            unread_storage.upgrade().is_none(),
-            "an add's input was kept"
-        );
-        assert!(read_storage.upgrade().is_some(), "sin's input was dropped");
-        let loss = doubled.add(&sine).unwrap().sum(&[0], false).unwrap();
-        loss.backward().unwrap();
-        let grad = a.grad().unwrap().to_vec::<f32>().unwrap();
-        for (g, x) in grad.iter().zip([0.5f32, -1.0]) {
-            let expected = 2.0 * x.exp() + x.exp().cos() * x.exp();
-            assert!((g - expected).abs() < 1e-5, "{g} vs {expected}");
-        }
-    }
-
-    /// A backward pass frees what the graph saved, so a second one through the same graph
-    /// is refused with an error that says so (PyTorch's rule without `retain_graph`).
-    #[test]
-    fn a_second_backward_pass_through_one_graph_is_refused() {
-        let Ok(device) = open_device("cpu") else {
-            return;
-        };
-        let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
-            .unwrap()
-            .requires_grad();
-        let loss = a.exp().unwrap().sum(&[0], false).unwrap();
-        loss.backward().unwrap();
-        let err = loss.backward().unwrap_err().to_string();
-        assert!(err.contains("already backpropagated"), "{err}");
-    }
-
-    /// A parameter added to a same-shaped tensor gets the very gradient the other input
-    /// gets: it is not the leaf's alone until that input's own backward has run.
-    #[test]
-    fn a_gradient_passed_on_to_another_input_is_not_exclusive() {
-        let Ok(device) = open_device("cpu") else {
-            return;
-        };
-        let leaf = |v: &[f32]| {
-            Tensor::from_slice(v, &[v.len()], &device)
-                .unwrap()
-                .requires_grad()
-        };
-        let (x, bias, scale) = (leaf(&[1.0, 2.0]), leaf(&[0.5, 0.5]), leaf(&[3.0, 3.0]));
-        let loss = x
-            .mul(&scale)
-            .unwrap()
-            .add(&bias)
-            .unwrap()
-            .sum(&[0], false)
-            .unwrap();
-        let seed = Tensor::ones(&[], DType::F32, &device).unwrap();
-        let leaves = [bias.clone(), scale.clone()];
-        let mut seen = Vec::new();
-        loss.backward_with_hooks(&seed, &leaves, &mut |i| {
-            seen.push((i, leaves[i].grad_is_exclusive()));
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(seen, vec![(0, false), (1, true)]);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use tessera::{DType, Tensor};
+use tessera::{DType, Device, Tensor};
 
 /// `sum(view * weight)` for a view of `h` and weights of the view's shape.
 fn weighted(view: Tensor, weights: &[f64]) -> Tensor {
@@ -76,14 +76,18 @@ fn slices_along_two_axes_and_the_whole_tensor_all_count() {
     assert_eq!(x.grad().unwrap().to_vec_f64().unwrap(), want);
 }
 
+/// A vector on `device` that takes gradients.
+fn leaf(device: &Arc<dyn Device>, values: &[f32]) -> Tensor {
+    Tensor::from_slice(values, &[values.len()], device)
+        .unwrap()
+        .requires_grad()
+}
+
 /// An intermediate tensor whose data no backward reads is freed once the caller drops
 /// it, while one a backward reads lives on in the graph; the gradients are the same.
 #[test]
 fn the_graph_keeps_only_what_backward_passes_read() {
-    let device = tessera::open_device("cpu").unwrap();
-    let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
-        .unwrap()
-        .requires_grad();
+    let a = leaf(&tessera::open_device("cpu").unwrap(), &[0.5, -1.0]);
     let unread = a.exp().unwrap();
     let doubled = unread.add(&unread).unwrap();
     let read = a.exp().unwrap();
@@ -111,10 +115,7 @@ fn the_graph_keeps_only_what_backward_passes_read() {
 /// is refused with an error that says so (PyTorch's rule without `retain_graph`).
 #[test]
 fn a_second_backward_pass_through_one_graph_is_refused() {
-    let device = tessera::open_device("cpu").unwrap();
-    let a = Tensor::from_slice(&[0.5f32, -1.0], &[2], &device)
-        .unwrap()
-        .requires_grad();
+    let a = leaf(&tessera::open_device("cpu").unwrap(), &[0.5, -1.0]);
     let loss = a.exp().unwrap().sum(&[0], false).unwrap();
     loss.backward().unwrap();
     let err = loss.backward().unwrap_err().to_string();
@@ -128,12 +129,11 @@ fn a_second_backward_pass_through_one_graph_is_refused() {
 #[test]
 fn a_gradient_passed_on_to_another_input_is_not_exclusive() {
     let device = tessera::open_device("cpu").unwrap();
-    let leaf = |v: &[f32]| {
-        Tensor::from_slice(v, &[v.len()], &device)
-            .unwrap()
-            .requires_grad()
-    };
-    let (x, bias, scale) = (leaf(&[1.0, 2.0]), leaf(&[0.5, 0.5]), leaf(&[3.0, 3.0]));
+    let (x, bias, scale) = (
+        leaf(&device, &[1.0, 2.0]),
+        leaf(&device, &[0.5, 0.5]),
+        leaf(&device, &[3.0, 3.0]),
+    );
     let weights = Tensor::from_slice(&[2.0f32, -1.0], &[2], &device).unwrap();
     let loss = x
         .mul(&scale)

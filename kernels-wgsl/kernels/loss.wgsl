@@ -3,6 +3,14 @@
 
 fn o(k: u32) -> u32 { return params.offsets[k - 1u]; }
 
+// The loss of `row`, whose logits start at `x0`, given their log-sum-exp: 0 where its target
+// is outside the vocabulary.
+fn row_loss(row: u32, x0: u32, lse: f32) -> f32 {
+    let t = ldi2(o(2u) + row);
+    if (t < 0 || u32(t) >= params.vocab) { return 0.0; }
+    return lse - ld1(x0 + u32(t));
+}
+
 // @kernel cross_entropy
 // Bindings: 1 logits, 2 targets, 3 loss, 4 lse.
 @compute @workgroup_size(256)
@@ -26,10 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         let lse = m + log(wg_sum(s, lid));
         if (lid == 0u) {
-            let t = ldi2(o(2u) + row);
-            var loss = 0.0;
-            if (t >= 0 && u32(t) < v) { loss = lse - ld1(x0 + u32(t)); }
-            st3(o(3u) + row, loss);
+            st3(o(3u) + row, row_loss(row, x0, lse));
             st4(o(4u) + row, lse);
         }
     }
@@ -98,10 +103,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         let lse = m + log(wg_sum(s, lid));
         if (lid == 0u) {
-            let t = ldi2(o(2u) + row);
-            var loss = 0.0;
-            if (t >= 0 && u32(t) < v) { loss = lse - ld1(x0 + u32(t)); }
-            st3(o(3u) + row, loss);
+            st3(o(3u) + row, row_loss(row, x0, lse));
             st4(o(4u) + row, lse);
         }
     }

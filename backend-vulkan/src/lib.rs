@@ -53,9 +53,10 @@
 //! many query rows in f16 and bf16 runs flash attention on tensor cores, written the same way
 //! (`tensor_attention.rs`, `Caps::tensor_attention`), compiled for the launch's sizes where its
 //! rows and keys fill whole blocks: GPT-2's forward attention went from 11.4 to 3.1 ms a bf16
-//! training step on the H200. Its backward still runs as products around a row pass
-//! (`tessera-wgsl`'s `attention_products.rs`), about 19 ms of that step: a flash backward on
-//! the same matrices is the next step (`benches/README.md` has the arithmetic).
+//! training step on the H200. Its backward runs as products (`tessera-wgsl`'s
+//! `attention_products.rs`) around a kernel of the same kind that forms the scores'
+//! probabilities and gradients in registers (`tensor_scores_gradient.rs`): 7.0 ms of that
+//! step where two products and a row pass through memory took 9.9.
 //!
 //! Where the device offers `robustBufferAccess` (lavapipe and NVIDIA do), it is opened with
 //! it and kernels are compiled without naga's clamps on buffer indices: the driver keeps every
@@ -90,6 +91,7 @@ mod record;
 mod replay;
 mod tensor_attention;
 mod tensor_matmul;
+mod tensor_scores_gradient;
 
 use std::sync::Arc;
 

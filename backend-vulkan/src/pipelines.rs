@@ -266,8 +266,10 @@ impl Pipelines {
                         op: key.into(),
                         log,
                     })?;
-                // q, k and v are read; the output and the log-sum-exp (the last two) written.
-                let writes = (1..=bindings).map(|b| b + 2 > bindings).collect();
+                // q, k and v (and what else the pass reads) are read; its outputs, the last
+                // bindings, written.
+                let outputs = kernel.outputs();
+                let writes = (1..=bindings).map(|b| b + outputs > bindings).collect();
                 (words, writes, true)
             }
         };

@@ -30,15 +30,13 @@
 //! operations: formed by a conversion to 16 bits and back, NVIDIA's compiler may fold the
 //! pair away and leave `lo` zero (an f16 output then missed its tolerance).
 //!
-//! The backward pass does not run here yet: a flash backward on the same matrices would take
-//! three kernels (each row's `delta` from `P` and `dP`; `dk` and `dv` per block of keys;
-//! `dq` per block of queries), 12 products of `64 x 64 x 64` per pair of blocks against the
-//! forward's 3; per-element functions can read the rows' `lse` and `delta` from their
-//! buffers by row or column, so the key-block kernel can work on transposed scores
-//! (`benches/README.md` has the arithmetic against the products it would replace). On
-//! GPT-2's bf16 step the products and row pass it would replace take 16.6 of 64.4 ms. Two
-//! kernels recomputing `S` and `P` (key blocks for `dk` and `dv`, query blocks for `dq`)
-//! keep it deterministic, where FlashAttention adds `dq` with atomics. `delta` as
+//! The backward pass runs as products (`tessera-wgsl`'s `attention_products.rs`); the scores'
+//! probabilities and gradients between them come from a second kernel written with the same
+//! setup ([`HeadRows`]), `tensor_scores_gradient.rs`. A whole flash backward on these matrices
+//! would take two deterministic kernels recomputing `S` and `P` (key blocks for `dk` and `dv`,
+//! query blocks for `dq`; FlashAttention adds `dq` with atomics), with 12 products of
+//! `64 x 64 x 64` per pair of blocks against the forward's 3, since every 16-bit operand of
+//! a gradient's product is split in two (`attention_products.rs`). `delta` as
 //! `rowsum(dout * out)`, FlashAttention's shortcut, inherits `out`'s rounding, which the
 //! catalog's reference avoids (it forms `delta` from `P` and `dP`): check the tolerance
 //! before taking it. ggml-vulkan's `flash_attn_cm2.comp` (forward only) sums rows as a
@@ -49,7 +47,9 @@ use rspirv::spirv::{
     Capability, CooperativeMatrixReduce, FunctionControl, LoopControl, Op, SelectionControl,
     StorageClass, TensorClampMode, Word,
 };
-use tessera_wgsl::{attention_param_word, attention_param_words, TensorAttention};
+use tessera_wgsl::{attention_param_word, attention_param_words, AttentionPass, TensorAttention};
+
+use crate::tensor_scores_gradient;
 
 use crate::tensor_matmul::{
     build, scalar, ParamBlock, Scalar, Writer, USE_A, USE_ACCUMULATOR, USE_B,
@@ -60,11 +60,11 @@ use crate::tensor_matmul::{
 const HIDDEN: u32 = 0xfeff_ffff;
 
 /// GLSL.std.450 instructions.
-const EXP: u32 = 27;
+pub(crate) const EXP: u32 = 27;
 const LOG: u32 = 28;
 
-/// The kernel's SPIR-V words, reading its parameter block or compiled for the block `fixed`
-/// alone; or what stops it (a dtype or head size it does not take).
+/// The kernel's SPIR-V words (of either pass), reading its parameter block or compiled for the
+/// block `fixed` alone; or what stops it (a dtype or head size it does not take).
 pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<Vec<u32>, String> {
     let s = scalar(kernel.dtype)?;
     if s == Scalar::F32 {
@@ -80,9 +80,12 @@ pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<V
         words: attention_param_words(),
         word_of: attention_param_word,
     };
+    let exact = fixed.is_some_and(|words| blocks_cover(kernel, words));
+    if kernel.pass == AttentionPass::ScoresGradient {
+        return tensor_scores_gradient::spirv(kernel, fixed, exact);
+    }
     let mut w = Writer::new(s, s, block);
     w.fixed = fixed.map(<[u32]>::to_vec);
-    let exact = fixed.is_some_and(|words| blocks_cover(kernel, words));
     w.declare_module(&[
         Capability::CooperativeMatrixReductionsNV,
         Capability::CooperativeMatrixConversionsNV,
@@ -125,21 +128,16 @@ fn main(
 ) -> Result<(), String> {
     let [q_var, k_var, v_var, o_var, lse_var] = buffers;
     let (rows, d) = (TensorAttention::ROWS, head);
-    let (f, u) = (w.float(Scalar::F32), w.u32);
-    // A block's scores and the output are both `rows x head` sums (keys a step = head).
-    let a_mat = w.matrix(s, rows, d, USE_A);
-    let b_mat = w.matrix(s, d, d, USE_B);
-    let sums = w.matrix(Scalar::F32, rows, d, USE_ACCUMULATOR);
-    let sums16 = w.matrix(s, rows, d, USE_ACCUMULATOR);
-    let zero_a = w.zeros(s, a_mat);
-    let zero_b = w.zeros(s, b_mat);
-    let zero_sums = w.zeros(Scalar::F32, sums);
+    let u = w.u32;
+    let mats = Mats::declare(w, s, d);
+    let (a_mat, b_mat, sums, sums16) = (mats.a, mats.b, mats.sums, mats.sums16);
+    let (zero_b, zero_sums) = (mats.zero_b, mats.zero_sums);
     let hidden = w.constant(f32::from_bits(HIDDEN));
     let hidden_sums = w.b.constant_composite(sums, [hidden]);
 
     let params = w.declare_params();
     let (wid_var, uvec3) = w.workgroup_id();
-    let (one, zero) = (w.uint(1), w.uint(0));
+    let zero = w.uint(0);
     let view_t = w.transpose_view_type();
     let sums_ptr = w.b.type_pointer(None, StorageClass::Function, sums);
     let u32_ptr = w.b.type_pointer(None, StorageClass::Function, u);
@@ -149,79 +147,27 @@ fn main(
     let m_var = w.b.variable(sums_ptr, None, StorageClass::Function, None);
     let j_var = w.b.variable(u32_ptr, None, StorageClass::Function, None);
 
-    // Which rows, batch entry and heads this workgroup takes.
-    let wid = w.b.load(uvec3, None, wid_var, None, []).map_err(build)?;
-    let block = w.b.composite_extract(u, None, wid, [0]).map_err(build)?;
-    let bh = w.b.composite_extract(u, None, wid, [1]).map_err(build)?;
-    let heads = w.param("heads", 0)?;
-    let kv_heads = w.param("kv_heads", 0)?;
-    let q_len = w.param("q_len", 0)?;
-    let k_len = w.param("k_len", 0)?;
-    let causal = w.param("causal", 0)?;
-    let scale = w.param("scale", 0)?;
-    let scale = w.b.bitcast(f, None, scale).map_err(build)?;
-    let batch = w.op(Op::UDiv, bh, heads)?;
-    let h = w.op(Op::UMod, bh, heads)?;
-    let group = w.op(Op::UDiv, heads, kv_heads)?;
-    let kv_h = w.op(Op::UDiv, h, group)?;
-    let c_rows = w.uint(rows);
-    let i0 = w.mul(block, c_rows)?;
+    let at = HeadRows::read(w, wid_var, uvec3, d)?;
+    let (i0, q_len, k_len, scale) = (at.i0, at.q_len, at.k_len, at.scale);
     let c_d = w.uint(d);
+    let q_base = at.base(w, 0, at.head_start)?;
+    let o_base = at.base(w, 3, at.head_start)?;
+    let lse_base = at.base(w, 4, at.rows_before)?;
 
-    // Element offsets: q, the output and the log-sum-exp are contiguous; k and v step by
-    // their strides.
-    let rows_before = w.mul(bh, q_len)?;
-    let head_start = w.mul(rows_before, c_d)?;
-    let q_offset = w.param("offsets", 0)?;
-    let q_base = w.add(q_offset, head_start)?;
-    let o_offset = w.param("offsets", 3)?;
-    let o_base = w.add(o_offset, head_start)?;
-    let lse_offset = w.param("offsets", 4)?;
-    let lse_base = w.add(lse_offset, rows_before)?;
-    let kv_base = |w: &mut Writer, which: u32, name: &str| -> Result<Word, String> {
-        let offset = w.param("offsets", which)?;
-        let batch_stride = w.param(&format!("{name}_batch_stride"), 0)?;
-        let head_stride = w.param(&format!("{name}_head_stride"), 0)?;
-        let along_batch = w.mul(batch, batch_stride)?;
-        let along_heads = w.mul(kv_h, head_stride)?;
-        let at = w.add(offset, along_batch)?;
-        w.add(at, along_heads)
-    };
-    let k_base = kv_base(w, 1, "k")?;
-    let v_base = kv_base(w, 2, "v")?;
-
-    // Rows of `head` elements from 16-byte aligned pointers, `rem` elements in. Unless the
-    // blocks cover the rows, layouts clamp: loads past them read zeros, stores are dropped.
-    let clamp = if exact {
-        TensorClampMode::Undefined
-    } else {
-        TensorClampMode::Constant
-    };
-    let (q_ptr, q_rem) = w.aligned(s, q_var, q_base, exact)?;
-    let (k_ptr, k_rem) = w.aligned(s, k_var, k_base, exact)?;
-    let (v_ptr, v_rem) = w.aligned(s, v_var, v_base, exact)?;
-    let (o_ptr, o_rem) = w.aligned(s, o_var, o_base, false)?;
-    let rows_layout = |w: &mut Writer, count: Word, rem: Word| -> Result<Word, String> {
-        let width = w.add(c_d, rem)?;
-        w.layout(clamp, [count, width], [c_d, one])
-    };
-    let layout_q = rows_layout(w, q_len, q_rem)?;
-    let layout_k = rows_layout(w, k_len, k_rem)?;
-    let layout_v = rows_layout(w, k_len, v_rem)?;
-    let layout_o = rows_layout(w, q_len, o_rem)?;
+    let [q_rows, k_rows, v_rows, o_rows] = Rows::declare(
+        w,
+        s,
+        clamp_mode(exact),
+        [
+            (q_var, q_base, [q_len, c_d], exact),
+            (k_var, at.k_base, [k_len, c_d], exact),
+            (v_var, at.v_base, [k_len, c_d], exact),
+            (o_var, o_base, [q_len, c_d], false),
+        ],
+    )?;
     let transpose = w.b.create_tensor_view_nv(view_t, None).map_err(build)?;
-    let slice_q = w.slice(layout_q, clamp, [i0, q_rem], [rows, d])?;
-    let q = w.load_tensor(a_mat, q_ptr, zero_a, slice_q, false, transpose)?;
-
-    // The keys the rows see end at k_len, or (causal) after the last row's own key.
-    let diagonal = w.op(Op::ISub, k_len, q_len)?;
-    let past_rows = w.add(i0, c_rows)?;
-    let reach = w.add(past_rows, diagonal)?;
-    let causal_end = w.min(k_len, reach)?;
-    let is_causal = w.b.i_not_equal(w.bool, None, causal, zero).map_err(build)?;
-    let keys_end =
-        w.b.select(u, None, is_causal, causal_end, k_len)
-            .map_err(build)?;
+    let q = q_rows.load(w, [mats.a, mats.zero_a], i0, [rows, d], None)?;
+    let keys_end = at.keys_end;
 
     w.b.store(o_sum_var, zero_sums, None, []).map_err(build)?;
     w.b.store(l_var, zero_sums, None, []).map_err(build)?;
@@ -239,8 +185,7 @@ fn main(
         .map_err(build)?;
 
     w.b.begin_block(Some(body)).map_err(build)?;
-    let slice_k = w.slice(layout_k, clamp, [j0, k_rem], [d, d])?;
-    let k_t = w.load_tensor(b_mat, k_ptr, zero_b, slice_k, true, transpose)?;
+    let k_t = k_rows.load(w, [b_mat, zero_b], j0, [d, d], Some(transpose))?;
     let scores =
         w.b.cooperative_matrix_mul_add_khr(sums, None, q, k_t, zero_sums, None)
             .map_err(build)?;
@@ -270,8 +215,7 @@ fn main(
     let p_lo =
         w.b.cooperative_matrix_convert_nv(a_mat, None, lo16)
             .map_err(build)?;
-    let slice_v = w.slice(layout_v, clamp, [j0, v_rem], [d, d])?;
-    let v = w.load_tensor(b_mat, v_ptr, zero_b, slice_v, false, transpose)?;
+    let v = v_rows.load(w, [b_mat, zero_b], j0, [d, d], None)?;
     let o = w.b.load(sums, None, o_sum_var, None, []).map_err(build)?;
     let o = w.inst(Op::FMul, sums, &[o, rescale])?;
     let o =
@@ -297,16 +241,228 @@ fn main(
     let l = per_element(w, sums, l, fns.store_lse, &[m, lse_base, i0])?;
     let out = per_element(w, sums, o, fns.finish, &[l])?;
     let out = w.b.f_convert(sums16, None, out).map_err(build)?;
-    let slice_o = w.slice(layout_o, clamp, [i0, o_rem], [rows, d])?;
-    w.store_tensor(o_ptr, out, slice_o)?;
+    o_rows.store(w, out, i0, None, [rows, d])?;
     let interface = vec![q_var, k_var, v_var, o_var, lse_var, params, wid_var];
     w.end_entry(entry, interface, TensorAttention::THREADS)?;
     Ok(())
 }
 
+/// The workgroup's rows of one (batch, head) and the keys they see, from the parameters and
+/// the workgroup's id (x: the block of rows, y: batch x heads): what both kernels begin with.
+pub(crate) struct HeadRows {
+    /// The first of the workgroup's query rows, in its head.
+    pub(crate) i0: Word,
+    /// Rows of the (batch, head) pairs before this one: `bh * q_len`.
+    pub(crate) rows_before: Word,
+    /// Elements of a head size before this (batch, head)'s first row: `bh * q_len * head`.
+    pub(crate) head_start: Word,
+    pub(crate) q_len: Word,
+    pub(crate) k_len: Word,
+    /// The scores' scale, f32.
+    pub(crate) scale: Word,
+    /// Where the rows' keys end: `k_len`, or (causal) after the last row's own key.
+    pub(crate) keys_end: Word,
+    /// Where this (batch, head)'s key and value rows start (elements).
+    pub(crate) k_base: Word,
+    pub(crate) v_base: Word,
+}
+
+impl HeadRows {
+    pub(crate) fn read(w: &mut Writer, wid_var: Word, uvec3: Word, d: u32) -> Result<Self, String> {
+        let (f, u) = (w.float(Scalar::F32), w.u32);
+        let wid = w.b.load(uvec3, None, wid_var, None, []).map_err(build)?;
+        let block = w.b.composite_extract(u, None, wid, [0]).map_err(build)?;
+        let bh = w.b.composite_extract(u, None, wid, [1]).map_err(build)?;
+        let heads = w.param("heads", 0)?;
+        let kv_heads = w.param("kv_heads", 0)?;
+        let q_len = w.param("q_len", 0)?;
+        let k_len = w.param("k_len", 0)?;
+        let causal = w.param("causal", 0)?;
+        let scale = w.param("scale", 0)?;
+        let scale = w.b.bitcast(f, None, scale).map_err(build)?;
+        let batch = w.op(Op::UDiv, bh, heads)?;
+        let h = w.op(Op::UMod, bh, heads)?;
+        let group = w.op(Op::UDiv, heads, kv_heads)?;
+        let kv_h = w.op(Op::UDiv, h, group)?;
+        let c_rows = w.uint(TensorAttention::ROWS);
+        let i0 = w.mul(block, c_rows)?;
+        let c_d = w.uint(d);
+        let rows_before = w.mul(bh, q_len)?;
+        let head_start = w.mul(rows_before, c_d)?;
+        // k and v step by their strides.
+        let kv_base = |w: &mut Writer, which: u32, name: &str| -> Result<Word, String> {
+            let offset = w.param("offsets", which)?;
+            let batch_stride = w.param(&format!("{name}_batch_stride"), 0)?;
+            let head_stride = w.param(&format!("{name}_head_stride"), 0)?;
+            let along_batch = w.mul(batch, batch_stride)?;
+            let along_heads = w.mul(kv_h, head_stride)?;
+            let at = w.add(offset, along_batch)?;
+            w.add(at, along_heads)
+        };
+        let k_base = kv_base(w, 1, "k")?;
+        let v_base = kv_base(w, 2, "v")?;
+        let diagonal = w.op(Op::ISub, k_len, q_len)?;
+        let past_rows = w.add(i0, c_rows)?;
+        let reach = w.add(past_rows, diagonal)?;
+        let causal_end = w.min(k_len, reach)?;
+        let zero = w.uint(0);
+        let is_causal = w.b.i_not_equal(w.bool, None, causal, zero).map_err(build)?;
+        let keys_end =
+            w.b.select(u, None, is_causal, causal_end, k_len)
+                .map_err(build)?;
+        Ok(HeadRows {
+            i0,
+            rows_before,
+            head_start,
+            q_len,
+            k_len,
+            scale,
+            keys_end,
+            k_base,
+            v_base,
+        })
+    }
+
+    /// Binding `binding`'s offset (0-based) plus `start`: where a contiguous tensor's part for
+    /// this (batch, head) starts.
+    pub(crate) fn base(&self, w: &mut Writer, binding: u32, start: Word) -> Result<Word, String> {
+        let offset = w.param("offsets", binding)?;
+        w.add(offset, start)
+    }
+}
+
+/// A block's matrix types and zero matrices: a block of scores (`rows` queries over `head`
+/// keys, the keys a step) and of the output are `rows x head` sums.
+pub(crate) struct Mats {
+    pub(crate) a: Word,
+    pub(crate) b: Word,
+    pub(crate) sums: Word,
+    pub(crate) sums16: Word,
+    pub(crate) zero_a: Word,
+    pub(crate) zero_b: Word,
+    pub(crate) zero_sums: Word,
+}
+
+impl Mats {
+    pub(crate) fn declare(w: &mut Writer, s: Scalar, head: u32) -> Mats {
+        let rows = TensorAttention::ROWS;
+        let a = w.matrix(s, rows, head, USE_A);
+        let b = w.matrix(s, head, head, USE_B);
+        let sums = w.matrix(Scalar::F32, rows, head, USE_ACCUMULATOR);
+        let sums16 = w.matrix(s, rows, head, USE_ACCUMULATOR);
+        let zero_a = w.zeros(s, a);
+        let zero_b = w.zeros(s, b);
+        let zero_sums = w.zeros(Scalar::F32, sums);
+        Mats {
+            a,
+            b,
+            sums,
+            sums16,
+            zero_a,
+            zero_b,
+            zero_sums,
+        }
+    }
+}
+
+/// Rows of one tensor's (batch, head), each of contiguous elements: a 16-byte aligned pointer
+/// `rem` elements before the first, and their layout (clamping or not).
+pub(crate) struct Rows {
+    ptr: Word,
+    rem: Word,
+    layout: Word,
+    clamp: TensorClampMode,
+}
+
+impl Rows {
+    /// The rows of each `(buffer, first element, [rows, row length], bound as 16-byte
+    /// vectors)` of `tensors`, of dtype `s`.
+    pub(crate) fn declare<const N: usize>(
+        w: &mut Writer,
+        s: Scalar,
+        clamp: TensorClampMode,
+        tensors: [(Word, Word, [Word; 2], bool); N],
+    ) -> Result<[Rows; N], String> {
+        let mut aligned = Vec::new();
+        for (var, first, _, vectors) in tensors {
+            aligned.push(w.aligned(s, var, first, vectors)?);
+        }
+        let mut rows = Vec::new();
+        for ((ptr, rem), (_, _, dims, _)) in aligned.into_iter().zip(tensors) {
+            let layout = rows_layout(w, clamp, dims, rem)?;
+            rows.push(Rows {
+                ptr,
+                rem,
+                layout,
+                clamp,
+            });
+        }
+        rows.try_into()
+            .map_err(|_| "building a tensor-core kernel: rows of tensors".to_string())
+    }
+
+    /// `size` of the rows from row `first` (from their first element) as a matrix of type
+    /// `of[0]` (elements outside the layout keeping `of[1]`'s), through `transpose` where
+    /// given.
+    pub(crate) fn load(
+        &self,
+        w: &mut Writer,
+        of: [Word; 2],
+        first: Word,
+        size: [u32; 2],
+        transpose: Option<Word>,
+    ) -> Result<Word, String> {
+        let slice = w.slice(self.layout, self.clamp, [first, self.rem], size)?;
+        // The view is read only where the load transposes.
+        let view = transpose.unwrap_or(0);
+        w.load_tensor(of[0], self.ptr, of[1], slice, transpose.is_some(), view)
+    }
+
+    /// Stores `matrix` over `size` of the rows from row `row`, from element `column` of each
+    /// (their first where `None`).
+    pub(crate) fn store(
+        &self,
+        w: &mut Writer,
+        matrix: Word,
+        row: Word,
+        column: Option<Word>,
+        size: [u32; 2],
+    ) -> Result<(), String> {
+        let column = match column {
+            Some(column) => w.add(column, self.rem)?,
+            None => self.rem,
+        };
+        let slice = w.slice(self.layout, self.clamp, [row, column], size)?;
+        w.store_tensor(self.ptr, matrix, slice)
+    }
+}
+
+/// Layouts clamp unless the blocks cover the rows: loads past them then read zeros, stores
+/// are dropped.
+pub(crate) fn clamp_mode(exact: bool) -> TensorClampMode {
+    if exact {
+        TensorClampMode::Undefined
+    } else {
+        TensorClampMode::Constant
+    }
+}
+
+/// A layout of `dims[0]` rows of `dims[1]` contiguous elements from an aligned pointer `rem`
+/// elements before the first.
+fn rows_layout(
+    w: &mut Writer,
+    clamp: TensorClampMode,
+    dims: [Word; 2],
+    rem: Word,
+) -> Result<Word, String> {
+    let one = w.uint(1);
+    let width = w.add(dims[1], rem)?;
+    w.layout(clamp, [dims[0], width], [dims[1], one])
+}
+
 /// `function` applied to each element of `matrix` (of type `t`), with `extra` operands
 /// (matrices of type `t` pass their element at the same place).
-fn per_element(
+pub(crate) fn per_element(
     w: &mut Writer,
     t: Word,
     matrix: Word,
@@ -319,7 +475,7 @@ fn per_element(
 }
 
 /// Each row of `matrix` (of type `t`) combined by `function`, the result in every column.
-fn reduce_rows(
+pub(crate) fn reduce_rows(
     w: &mut Writer,
     t: Word,
     matrix: Word,
@@ -353,19 +509,15 @@ struct Functions {
 impl Functions {
     fn declare(w: &mut Writer, lse_var: Word) -> Functions {
         let (f, u) = (w.float(Scalar::F32), w.u32);
-        let mut declare = |params: &[Word]| {
-            let t = w.b.type_function(f, params.iter().copied());
-            (w.b.id(), t)
-        };
         Functions {
-            mask: declare(&[u, u, f, u, u]),
-            max_of: declare(&[f, f]),
-            sum_of: declare(&[f, f]),
-            larger: declare(&[u, u, f, f]),
-            exp_diff: declare(&[u, u, f, f]),
-            split: declare(&[u, u, f]),
-            store_lse: declare(&[u, u, f, f, u, u]),
-            finish: declare(&[u, u, f, f]),
+            mask: declare(w, &[u, u, f, u, u]),
+            max_of: declare(w, &[f, f]),
+            sum_of: declare(w, &[f, f]),
+            larger: declare(w, &[u, u, f, f]),
+            exp_diff: declare(w, &[u, u, f, f]),
+            split: declare(w, &[u, u, f]),
+            store_lse: declare(w, &[u, u, f, f, u, u]),
+            finish: declare(w, &[u, u, f, f]),
             lse_var,
         }
     }
@@ -397,9 +549,7 @@ impl Functions {
         let v = larger(w, x, y)?;
         end(w, v)?;
 
-        let [x, y] = begin(w, self.sum_of, [f, f])?;
-        let v = w.inst(Op::FAdd, f, &[x, y])?;
-        end(w, v)?;
+        emit_sum(w, self.sum_of)?;
 
         let [_, _, x, y] = begin(w, self.larger, [u, u, f, f])?;
         let v = larger(w, x, y)?;
@@ -410,11 +560,7 @@ impl Functions {
         let v = w.glsl(EXP, d)?;
         end(w, v)?;
 
-        let [_, _, x] = begin(w, self.split, [u, u, f])?;
-        // Significand bits of f32 that the 16-bit dtype lacks.
-        let dropped = if s == Scalar::BF16 { 16 } else { 13 };
-        let v = round_significand(w, x, dropped)?;
-        end(w, v)?;
+        emit_split(w, self.split, s)?;
 
         let [row, col, l, m, base, i0] = begin(w, self.store_lse, [u, u, f, f, u, u])?;
         let q_len = w.param("q_len", 0)?;
@@ -446,8 +592,34 @@ impl Functions {
     }
 }
 
+/// A per-element or combining function returning f32 with parameters of types `params`: its
+/// id and type, its body emitted later.
+pub(crate) fn declare(w: &mut Writer, params: &[Word]) -> (Word, Word) {
+    let f = w.float(Scalar::F32);
+    let t = w.b.type_function(f, params.iter().copied());
+    (w.b.id(), t)
+}
+
+/// The body of `(x, y) -> x + y`, the row sums' combiner.
+pub(crate) fn emit_sum(w: &mut Writer, function: (Word, Word)) -> Result<(), String> {
+    let f = w.float(Scalar::F32);
+    let [x, y] = begin(w, function, [f, f])?;
+    let v = w.inst(Op::FAdd, f, &[x, y])?;
+    end(w, v)
+}
+
+/// The body of `(row, column, x) -> x` rounded to the significand of 16-bit dtype `s`.
+pub(crate) fn emit_split(w: &mut Writer, function: (Word, Word), s: Scalar) -> Result<(), String> {
+    let (f, u) = (w.float(Scalar::F32), w.u32);
+    let [_, _, x] = begin(w, function, [u, u, f])?;
+    // Significand bits of f32 that the 16-bit dtype lacks.
+    let dropped = if s == Scalar::BF16 { 16 } else { 13 };
+    let v = round_significand(w, x, dropped)?;
+    end(w, v)
+}
+
 /// Begins `function` (returning f32) with parameters of types `params`, and its first block.
-fn begin<const N: usize>(
+pub(crate) fn begin<const N: usize>(
     w: &mut Writer,
     function: (Word, Word),
     params: [Word; N],
@@ -464,7 +636,7 @@ fn begin<const N: usize>(
 }
 
 /// Returns `v` and ends the function.
-fn end(w: &mut Writer, v: Word) -> Result<(), String> {
+pub(crate) fn end(w: &mut Writer, v: Word) -> Result<(), String> {
     w.b.ret_value(v).map_err(build)?;
     w.b.end_function().map_err(build)
 }
@@ -502,7 +674,11 @@ mod tests {
     fn every_variant_is_a_module() {
         for dtype in [DType::F16, DType::BF16] {
             for head in TensorAttention::HEADS {
-                let kernel = TensorAttention { dtype, head };
+                let kernel = TensorAttention {
+                    dtype,
+                    head,
+                    pass: AttentionPass::Forward,
+                };
                 let words = spirv(&kernel, None).unwrap();
                 let mut loader = rspirv::dr::Loader::new();
                 rspirv::binary::parse_words(&words, &mut loader).unwrap();
@@ -519,7 +695,11 @@ mod tests {
         let at = |field| attention_param_word(field).unwrap();
         for dtype in [DType::F16, DType::BF16] {
             for head in TensorAttention::HEADS {
-                let kernel = TensorAttention { dtype, head };
+                let kernel = TensorAttention {
+                    dtype,
+                    head,
+                    pass: AttentionPass::Forward,
+                };
                 // Rows in whole blocks (unclamped) and ragged (clamped).
                 for (q_len, k_len) in [(128, 256), (70, 100)] {
                     let mut words = vec![0; attention_param_words()];
@@ -551,11 +731,13 @@ mod tests {
         let f32_kernel = TensorAttention {
             dtype: DType::F32,
             head: 64,
+            pass: AttentionPass::ScoresGradient,
         };
         assert!(spirv(&f32_kernel, None).unwrap_err().contains("f32"));
         let odd_head = TensorAttention {
             dtype: DType::F16,
             head: 96,
+            pass: AttentionPass::Forward,
         };
         assert!(spirv(&odd_head, None).unwrap_err().contains("head size 96"));
     }

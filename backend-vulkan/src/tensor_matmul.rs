@@ -802,14 +802,21 @@ impl Writer {
     /// The `WorkgroupId` input variable and its `uvec3` type.
     pub(crate) fn workgroup_id(&mut self) -> (Word, Word) {
         let uvec3 = self.b.type_vector(self.u32, 3);
-        let in_ptr = self.b.type_pointer(None, StorageClass::Input, uvec3);
+        (self.builtin_input(uvec3, BuiltIn::WorkgroupId), uvec3)
+    }
+
+    /// The `LocalInvocationIndex` input variable (a `u32`).
+    pub(crate) fn local_index(&mut self) -> Word {
+        self.builtin_input(self.u32, BuiltIn::LocalInvocationIndex)
+    }
+
+    /// An input variable of type `t` decorated as `builtin`.
+    fn builtin_input(&mut self, t: Word, builtin: BuiltIn) -> Word {
+        let in_ptr = self.b.type_pointer(None, StorageClass::Input, t);
         let var = self.b.variable(in_ptr, None, StorageClass::Input, None);
-        self.b.decorate(
-            var,
-            Decoration::BuiltIn,
-            [Operand::BuiltIn(BuiltIn::WorkgroupId)],
-        );
-        (var, uvec3)
+        self.b
+            .decorate(var, Decoration::BuiltIn, [Operand::BuiltIn(builtin)]);
+        var
     }
 
     /// The type of a tensor view that swaps a 2-D layout's dimensions.

@@ -15,7 +15,7 @@ use tessera_core::exec::unfused::{index_copy_then_attention, LaunchOp};
 use tessera_core::{DType, Error, Layout, Op, Result, TensorRef};
 
 use crate::attention_products;
-use crate::gpu::{Gpu, Source, TensorAttention};
+use crate::gpu::{AttentionPass, Gpu, Source, TensorAttention};
 use crate::params::{offsets, param_block, ParamBlock, MAX_BINDINGS};
 use crate::source::{
     groups_for, key, no_subst, run, run_native, unsupported, wide_along, wide_helpers,
@@ -260,7 +260,8 @@ pub(crate) fn launch(
                     }
                     return Ok(());
                 }
-                if let Some(kernel) = tensor_forward(gpu, inputs, outputs, causal) {
+                let forward = tensor_kernel(gpu, inputs, outputs, causal, AttentionPass::Forward);
+                if let Some(kernel) = forward {
                     let groups = q[2].div_ceil(TensorAttention::ROWS as usize);
                     let grid = [groups as u32, (q[0] * q[1]) as u32, 1];
                     let variant = format!("tensor/{}", kernel.head);
@@ -277,7 +278,7 @@ pub(crate) fn launch(
                 }
                 return launch("forward", outputs, query_blocks);
             }
-            if attention_products::backward(gpu, inputs, outputs, s[0], causal)? {
+            if attention_products::backward(gpu, inputs, outputs, s[0], causal, params)? {
                 return Ok(());
             }
             let scratch = gpu.scratch(rows * 4)?;
@@ -305,17 +306,18 @@ pub(crate) fn launch(
     }
 }
 
-/// The backend's tensor-core kernel for attention's forward (`inputs`: q, k, v; `outputs`:
-/// out, lse), where the device has one for these tensors: 16-bit operands of one dtype the
+/// The backend's tensor-core attention kernel of `pass` over q, k, v (`inputs`' first three)
+/// and the forward's out and lse (`outputs`), where the device has one for these tensors: 16-bit operands of one dtype the
 /// device multiplies on cooperative matrices, a head size it is built for, contiguous q, out
 /// and lse, contiguous key and value rows, whole groups of query heads per key head, a grid
 /// the device allows, and for causal attention no fewer keys than queries (so that every
 /// row sees a key).
-fn tensor_forward(
+pub(crate) fn tensor_kernel(
     gpu: &dyn Gpu,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
     causal: bool,
+    pass: AttentionPass,
 ) -> Option<TensorAttention> {
     let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
     let (out, lse) = (outputs.first()?, outputs.get(1)?);
@@ -352,7 +354,7 @@ fn tensor_forward(
         && hq.is_multiple_of(hkv)
         && grid_fits
         && (!causal || tk >= tq))
-        .then_some(TensorAttention { dtype, head })
+        .then_some(TensorAttention { dtype, head, pass })
 }
 
 /// The fewest keys a split of forward_rows takes.

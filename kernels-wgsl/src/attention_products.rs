@@ -12,12 +12,16 @@
 //! 3. `dv = P^T dout`, `dq = dS k` and `dk = dS^T q`; for 16-bit operands each the `lo`
 //!    product added to the `hi` product (f32) in the matmul's epilogue.
 //!
+//! Where the backend has a tensor-core attention kernel for the tensors (`Caps::
+//! tensor_attention`), steps 1 and 2 are one kernel of it ([`AttentionPass::ScoresGradient`]),
+//! which keeps `S` and `dP` in registers and stores only the parts of `P` and `dS`.
+//!
 //! Rounding `P` and `dS` once to 16 bits, as flash attention does, is not enough: a gradient
 //! that is a small sum of larger terms then misses the catalog's tolerance by several times
 //! (measured on the H100). Grouped query heads share a key head: its `dk` and `dv` are one
 //! product over the rows of all its query heads, so they sum in a fixed order, as every
 //! product here does. The T x T intermediates take 16 bytes a score (S and dP in f32, P and
-//! dS in f32 or as 16-bit parts): attention whose intermediates would not fit one binding each,
+//! dS in f32 or as 16-bit parts; 8 where the backend's kernel forms P and dS): attention whose intermediates would not fit one binding each,
 //! or would take more than an eighth of the device's memory, runs the fused kernels, as do CPU
 //! drivers (lavapipe), where the fused kernels are faster.
 //!
@@ -27,10 +31,11 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
-use crate::gpu::{Band, BandKind, Gpu};
+use crate::attention::{tensor_kernel, AttentionParams};
+use crate::gpu::{AttentionPass, Band, BandKind, Gpu, Source, TensorAttention};
 use crate::matmul::{self, PLAIN};
 use crate::params::{offsets, param_block, MAX_BINDINGS};
-use crate::source::{key, run};
+use crate::source::{key, run, run_native};
 
 /// A product with a residual added in its epilogue.
 const WITH_RESIDUAL: Op = Op::Matmul {
@@ -64,6 +69,7 @@ pub(crate) fn backward(
     outputs: &[TensorRef<'_>],
     scale: f64,
     causal: bool,
+    params: impl Fn(&[usize]) -> AttentionParams,
 ) -> Result<bool> {
     let (q, k, v, lse, dout) = (&inputs[0], &inputs[1], &inputs[2], &inputs[4], &inputs[5]);
     let dtype = q.dtype;
@@ -108,7 +114,6 @@ pub(crate) fn backward(
         return Ok(false);
     }
     let g = hq / hkv;
-    let f32_scores = [gpu.scratch(4 * scores)?, gpu.scratch(4 * scores)?];
     // f32 gradients take P and dS whole; 16-bit ones in two parts each.
     let split = dtype != DType::F32;
     let part_bytes = dtype.size() * scores;
@@ -166,11 +171,6 @@ pub(crate) fn backward(
         };
     let score_layout = grouped(tq, tk, 0);
     let scores_t = transposed(&folded(tq, tk, 0));
-    let [s, dp] = [0, 1].map(|i| TensorRef {
-        buffer: &f32_scores[i],
-        layout: &score_layout,
-        dtype: DType::F32,
-    });
     let part_refs: Vec<TensorRef<'_>> = parts
         .iter()
         .map(|buffer| TensorRef {
@@ -180,42 +180,74 @@ pub(crate) fn backward(
         })
         .collect();
     let (p, ds) = part_refs.split_at(part_refs.len() / 2);
-    let q_grouped = grouped(tq, d, q.layout.offset);
-    let dout_grouped = grouped(tq, dv, dout.layout.offset);
-    let (k_t, v_t) = (per_query_head(k, true), per_query_head(v, true));
-    let scores = BandKind::Scores;
-    product(&PLAIN, &[view(q, &q_grouped), view(k, &k_t)], s, scores)?;
-    product(
-        &PLAIN,
-        &[view(dout, &dout_grouped), view(v, &v_t)],
-        dp,
-        scores,
-    )?;
     let rows = b * hq * tq;
-    let u = |v: usize| v as u32;
     let lse_rows = at(&[rows], lse.layout.offset);
-    let ins = [s, dp, view(lse, &lse_rows)];
+    let lse_rows = view(lse, &lse_rows);
     let shared_op = Op::AttentionBackward { causal: false };
-    let variant = format!("scores_grad/{}", if tk % 2 == 0 { "even" } else { "odd" });
-    run(
+    let out_and_lse = [inputs[3], inputs[4]];
+    let tensor = tensor_kernel(
         gpu,
-        &key(&shared_op, &ins, &part_refs, &variant),
-        SRC,
-        "scores_grad",
-        || Ok(row_pass_code(dtype, tk)),
-        &ins,
-        &part_refs,
-        rows as u64,
-        |o| ScoresParams {
-            batch: u(b),
-            heads: u(hq),
-            q_len: u(tq),
-            k_len: u(tk),
-            causal: u32::from(causal),
-            scale: scale as f32,
-            offsets: offsets(o),
-        },
-    )?;
+        inputs,
+        &out_and_lse,
+        causal,
+        AttentionPass::ScoresGradient,
+    );
+    if let Some(kernel) = tensor {
+        let ins = [*q, *k, *v, lse_rows, *dout];
+        let groups = tq.div_ceil(TensorAttention::ROWS as usize);
+        let grid = [groups as u32, (b * hq) as u32, 1];
+        let variant = format!("tensor_scores/{}", kernel.head);
+        run_native(
+            gpu,
+            &key(&shared_op, &ins, &part_refs, &variant),
+            Source::TensorAttention(kernel),
+            &ins,
+            &part_refs,
+            grid,
+            kernel.covers(tq, tk),
+            params,
+        )?;
+    } else {
+        let f32_scores = [gpu.scratch(4 * scores)?, gpu.scratch(4 * scores)?];
+        let [s, dp] = [0, 1].map(|i| TensorRef {
+            buffer: &f32_scores[i],
+            layout: &score_layout,
+            dtype: DType::F32,
+        });
+        let q_grouped = grouped(tq, d, q.layout.offset);
+        let dout_grouped = grouped(tq, dv, dout.layout.offset);
+        let (k_t, v_t) = (per_query_head(k, true), per_query_head(v, true));
+        let scores = BandKind::Scores;
+        product(&PLAIN, &[view(q, &q_grouped), view(k, &k_t)], s, scores)?;
+        product(
+            &PLAIN,
+            &[view(dout, &dout_grouped), view(v, &v_t)],
+            dp,
+            scores,
+        )?;
+        let u = |v: usize| v as u32;
+        let ins = [s, dp, lse_rows];
+        let variant = format!("scores_grad/{}", if tk % 2 == 0 { "even" } else { "odd" });
+        run(
+            gpu,
+            &key(&shared_op, &ins, &part_refs, &variant),
+            SRC,
+            "scores_grad",
+            || Ok(row_pass_code(dtype, tk)),
+            &ins,
+            &part_refs,
+            rows as u64,
+            |o| ScoresParams {
+                batch: u(b),
+                heads: u(hq),
+                q_len: u(tq),
+                k_len: u(tk),
+                causal: u32::from(causal),
+                scale: scale as f32,
+                offsets: offsets(o),
+            },
+        )?;
+    }
     let dout_folded = folded(tq, dv, dout.layout.offset);
     let q_folded = folded(tq, d, q.layout.offset);
     let k_rows = per_query_head(k, false);

@@ -127,24 +127,38 @@ impl TensorMatmul {
     }
 }
 
-/// Attention's forward for a backend's own tensor-core kernel ([`Caps::tensor_attention`]):
-/// flash attention on workgroup-scope cooperative matrices (Vulkan's
-/// `VK_NV_cooperative_matrix2`), which WGSL cannot declare.
-///
-/// Each workgroup takes [`TensorAttention::ROWS`] query rows of one (batch, head): grid x over
-/// the blocks of rows, y over batch x heads. It walks the visible keys in blocks of
-/// [`TensorAttention::head`] with an online softmax, multiplying on tensor cores with f32
-/// sums, and writes the output (the operands' dtype) and each row's log-sum-exp of its scaled
-/// scores (f32), as the WGSL forward does. It reads the launch's attention parameter words
-/// ([`crate::attention_param_word`]). Bindings: q, k, v, out, lse. Its planner
-/// (`attention.rs`) sends it only contiguous q, out and lse, key and value rows of
-/// `head` contiguous elements, and causal attention with at least as many keys as queries.
+/// Attention on a backend's own tensor-core kernel ([`Caps::tensor_attention`]): Vulkan's
+/// workgroup-scope cooperative matrices (`VK_NV_cooperative_matrix2`), which WGSL cannot
+/// declare. Each workgroup takes [`TensorAttention::ROWS`] query rows of one (batch, head):
+/// grid x over the blocks of rows, y over batch x heads, walking the keys in blocks of
+/// [`TensorAttention::head`] and multiplying on tensor cores with f32 sums. It reads the
+/// launch's attention parameter words ([`crate::attention_param_word`]). Its planners send it
+/// only contiguous q (and out, lse, dout), key and value rows of `head` contiguous elements,
+/// and causal attention with at least as many keys as queries. What it computes is its
+/// [`AttentionPass`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorAttention {
     /// q's, k's, v's and the output's dtype: f16, or bf16.
     pub dtype: DType,
     /// The head size of q, k and v, one of [`TensorAttention::HEADS`]; also the keys a step.
     pub head: u32,
+    pub pass: AttentionPass,
+}
+
+/// What a [`TensorAttention`] kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionPass {
+    /// Flash attention's forward with an online softmax. Bindings: q, k, v, then the output
+    /// (the operands' dtype) and each row's log-sum-exp of its scaled scores (f32), as the
+    /// WGSL forward writes them.
+    Forward,
+    /// For the backward pass as products (`attention_products.rs`): each score's
+    /// probability `P = exp(scale S - lse)` (0 where the key is hidden) and gradient
+    /// `dS = scale P (dP - delta)`, with `S = q k^T`, `dP = dout v^T` and
+    /// `delta = sum_j P dP` per row, each stored as two values of the dtype (rounded, and
+    /// what rounding left out), row-major `[batch, heads, q_len, k_len]`, zeros where hidden.
+    /// Bindings: q, k, v, the log-sum-exp, dout, then P's two parts and dS's.
+    ScoresGradient,
 }
 
 impl TensorAttention {
@@ -155,6 +169,14 @@ impl TensorAttention {
     /// The head sizes it is built for.
     pub const HEADS: [u32; 2] = [64, 128];
 
+    /// How many of its bindings, the last ones, it writes.
+    pub fn outputs(&self) -> usize {
+        match self.pass {
+            AttentionPass::Forward => 2,
+            AttentionPass::ScoresGradient => 4,
+        }
+    }
+
     /// Whether its blocks cover `q_len` query rows over `k_len` keys exactly: the backend may
     /// then compile it for the launch's parameters, its loads and stores unclamped
     /// ([`Dispatch::specialize`]).
@@ -162,8 +184,8 @@ impl TensorAttention {
         q_len.is_multiple_of(Self::ROWS as usize) && k_len.is_multiple_of(self.head as usize)
     }
 
-    /// The tile both of its products multiply, as (m, n, k): the scores `q k^T` and `p v`
-    /// are each [`TensorAttention::ROWS`] x `head` over `head`.
+    /// The tile each of its products multiplies, as (m, n, k): the scores `q k^T`, `p v`
+    /// and `dout v^T` are each [`TensorAttention::ROWS`] x `head` over `head`.
     pub fn tile(head: u32) -> [u32; 3] {
         [Self::ROWS, head, head]
     }
@@ -193,7 +215,8 @@ pub struct Caps {
     /// bf16 operands; they then take the matmuls the `coop` kernel would.
     pub tensor_matmul: bool,
     /// Whether the backend builds [`TensorAttention`] kernels, for the dtypes of
-    /// `coop_f16` and `coop_bf16`; they then take attention's forward over many query rows.
+    /// `coop_f16` and `coop_bf16`; they then take attention's forward over many query rows,
+    /// and the score gradients of its backward as products.
     pub tensor_attention: bool,
     /// Parameter words a launch may pass as immediates (push constants); 0: none.
     pub immediate_words: usize,

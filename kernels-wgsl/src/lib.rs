@@ -60,8 +60,8 @@ pub use attention::{attention_param_word, attention_param_words};
 pub use cache::PipelineCache;
 pub use dispatch::{check_supported, launch};
 pub use gpu::{
-    device_dtypes, Band, BandKind, Binding, Caps, Dispatch, Gpu, Source, TensorAttention,
-    TensorMatmul, F16_IS_BF16, INDICES_IN_RANGE, WG,
+    device_dtypes, AttentionPass, Band, BandKind, Binding, Caps, Dispatch, Gpu, Source,
+    TensorAttention, TensorMatmul, F16_IS_BF16, INDICES_IN_RANGE, WG,
 };
 pub use kernel::WgslKernel;
 pub use matmul::{matmul_param_word, matmul_param_words, MAX_BATCH_DIMS};

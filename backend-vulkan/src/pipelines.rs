@@ -29,12 +29,12 @@ use naga::back::spv;
 use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use tessera_core::{Error, Result};
-use tessera_wgsl::{PipelineCache, Source, F16_IS_BF16, INDICES_IN_RANGE};
+use tessera_wgsl::{AttentionPass, PipelineCache, Source, F16_IS_BF16, INDICES_IN_RANGE};
 
 use crate::bfloat16::f16_as_bf16;
 use crate::driver_cache::DriverCache;
 use crate::memory::{lock, vk_err, Shared};
-use crate::{tensor_attention, tensor_matmul};
+use crate::{tensor_attention, tensor_matmul, tensor_scores_gradient};
 
 /// A compiled kernel and the layout it binds with. Pipelines live until their device goes
 /// (after its queue has finished), or are dropped unused when two threads compiled one kernel
@@ -260,12 +260,15 @@ impl Pipelines {
                 (words, writes, true)
             }
             Source::TensorAttention(kernel) => {
-                let words =
-                    tensor_attention::spirv(&kernel, fixed).map_err(|log| Error::Compile {
-                        backend: "vulkan".into(),
-                        op: key.into(),
-                        log,
-                    })?;
+                let words = match kernel.pass {
+                    AttentionPass::Forward => tensor_attention::spirv(&kernel, fixed),
+                    AttentionPass::ScoresGradient => tensor_scores_gradient::spirv(&kernel, fixed),
+                };
+                let words = words.map_err(|log| Error::Compile {
+                    backend: "vulkan".into(),
+                    op: key.into(),
+                    log,
+                })?;
                 // q, k and v (and what else the pass reads) are read; its outputs, the last
                 // bindings, written.
                 let outputs = kernel.outputs();

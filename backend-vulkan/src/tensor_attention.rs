@@ -47,9 +47,7 @@ use rspirv::spirv::{
     Capability, CooperativeMatrixReduce, FunctionControl, LoopControl, Op, SelectionControl,
     StorageClass, TensorClampMode, Word,
 };
-use tessera_wgsl::{attention_param_word, attention_param_words, AttentionPass, TensorAttention};
-
-use crate::tensor_scores_gradient;
+use tessera_wgsl::{attention_param_word, attention_param_words, TensorAttention};
 
 use crate::tensor_matmul::{
     build, scalar, ParamBlock, Scalar, Writer, USE_A, USE_ACCUMULATOR, USE_B,
@@ -63,27 +61,10 @@ const HIDDEN: u32 = 0xfeff_ffff;
 pub(crate) const EXP: u32 = 27;
 const LOG: u32 = 28;
 
-/// The kernel's SPIR-V words (of either pass), reading its parameter block or compiled for the
-/// block `fixed` alone; or what stops it (a dtype or head size it does not take).
+/// The forward kernel's SPIR-V words, reading its parameter block or compiled for the block
+/// `fixed` alone; or what stops it (a dtype or head size it does not take).
 pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<Vec<u32>, String> {
-    let s = scalar(kernel.dtype)?;
-    if s == Scalar::F32 {
-        return Err("a tensor-core attention of f32 operands".into());
-    }
-    if !TensorAttention::HEADS.contains(&kernel.head) {
-        return Err(format!(
-            "a tensor-core attention of head size {}",
-            kernel.head
-        ));
-    }
-    let block = ParamBlock {
-        words: attention_param_words(),
-        word_of: attention_param_word,
-    };
-    let exact = fixed.is_some_and(|words| blocks_cover(kernel, words));
-    if kernel.pass == AttentionPass::ScoresGradient {
-        return tensor_scores_gradient::spirv(kernel, fixed, exact);
-    }
+    let (s, block, exact) = prepare(kernel, fixed)?;
     let mut w = Writer::new(s, s, block);
     w.fixed = fixed.map(<[u32]>::to_vec);
     w.declare_module(&[
@@ -104,6 +85,32 @@ pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<V
     main(&mut w, s, kernel.head, &fns, buffers, exact)?;
     fns.emit(&mut w, s)?;
     Ok(w.b.module().assemble())
+}
+
+/// What a kernel of either pass is built from: its operands' dtype (16 bits), the parameter
+/// block it reads, and whether `fixed` (where given) lets its blocks cover the rows and keys
+/// exactly, so that its loads and stores need no clamping; or what stops it (a dtype or head
+/// size it does not take).
+pub(crate) fn prepare(
+    kernel: &TensorAttention,
+    fixed: Option<&[u32]>,
+) -> Result<(Scalar, ParamBlock, bool), String> {
+    let s = scalar(kernel.dtype)?;
+    if s == Scalar::F32 {
+        return Err("a tensor-core attention of f32 operands".into());
+    }
+    if !TensorAttention::HEADS.contains(&kernel.head) {
+        return Err(format!(
+            "a tensor-core attention of head size {}",
+            kernel.head
+        ));
+    }
+    let block = ParamBlock {
+        words: attention_param_words(),
+        word_of: attention_param_word,
+    };
+    let exact = fixed.is_some_and(|words| blocks_cover(kernel, words));
+    Ok((s, block, exact))
 }
 
 /// Whether the blocks of `kernel` cover the rows of parameter block `words` exactly
@@ -529,19 +536,7 @@ impl Functions {
         let zero = w.uint(0);
 
         let [row, col, score, i0, j0] = begin(w, self.mask, [u, u, f, u, u])?;
-        let q_len = w.param("q_len", 0)?;
-        let k_len = w.param("k_len", 0)?;
-        let causal = w.param("causal", 0)?;
-        let query = w.add(i0, row)?;
-        let key = w.add(j0, col)?;
-        let in_keys = w.inst(Op::ULessThan, b, &[key, k_len])?;
-        // Key j is seen by query i when j + q_len <= i + k_len.
-        let key_end = w.add(key, q_len)?;
-        let query_end = w.add(query, k_len)?;
-        let before = w.inst(Op::ULessThanEqual, b, &[key_end, query_end])?;
-        let unmasked = w.inst(Op::IEqual, b, &[causal, zero])?;
-        let allowed = w.inst(Op::LogicalOr, b, &[unmasked, before])?;
-        let seen = w.inst(Op::LogicalAnd, b, &[in_keys, allowed])?;
+        let seen = key_seen(w, [i0, j0], [row, col])?;
         let v = w.inst(Op::Select, f, &[seen, score, hidden])?;
         end(w, v)?;
 
@@ -590,6 +585,25 @@ impl Functions {
         }
         end(w, v)
     }
+}
+
+/// Whether the key at column `at[1]` of a block from key `first[1]` is seen by the query at
+/// row `at[0]` of rows from `first[0]` (a boolean): inside the keys and, where causal, not
+/// after the query's own (key j is seen by query i when j + q_len <= i + k_len).
+pub(crate) fn key_seen(w: &mut Writer, first: [Word; 2], at: [Word; 2]) -> Result<Word, String> {
+    let (b, zero) = (w.bool, w.uint(0));
+    let q_len = w.param("q_len", 0)?;
+    let k_len = w.param("k_len", 0)?;
+    let causal = w.param("causal", 0)?;
+    let query = w.add(first[0], at[0])?;
+    let key = w.add(first[1], at[1])?;
+    let in_keys = w.inst(Op::ULessThan, b, &[key, k_len])?;
+    let key_end = w.add(key, q_len)?;
+    let query_end = w.add(query, k_len)?;
+    let before = w.inst(Op::ULessThanEqual, b, &[key_end, query_end])?;
+    let unmasked = w.inst(Op::IEqual, b, &[causal, zero])?;
+    let allowed = w.inst(Op::LogicalOr, b, &[unmasked, before])?;
+    w.inst(Op::LogicalAnd, b, &[in_keys, allowed])
 }
 
 /// A per-element or combining function returning f32 with parameters of types `params`: its
@@ -669,6 +683,7 @@ fn larger(w: &mut Writer, x: Word, y: Word) -> Result<Word, String> {
 mod tests {
     use super::*;
     use tessera_core::DType;
+    use tessera_wgsl::AttentionPass;
 
     #[test]
     fn every_variant_is_a_module() {
@@ -731,7 +746,7 @@ mod tests {
         let f32_kernel = TensorAttention {
             dtype: DType::F32,
             head: 64,
-            pass: AttentionPass::ScoresGradient,
+            pass: AttentionPass::Forward,
         };
         assert!(spirv(&f32_kernel, None).unwrap_err().contains("f32"));
         let odd_head = TensorAttention {

@@ -29,27 +29,18 @@
 
 use rspirv::binary::Assemble;
 use rspirv::spirv::{Capability, LoopControl, Op, StorageClass, Word};
-use tessera_wgsl::{attention_param_word, attention_param_words, TensorAttention};
+use tessera_wgsl::{attention_param_word, TensorAttention};
 
 use crate::tensor_attention::{
-    begin, clamp_mode, declare, emit_split, emit_sum, end, per_element, reduce_rows, HeadRows,
-    Mats, Rows, EXP,
+    begin, clamp_mode, declare, emit_split, emit_sum, end, key_seen, per_element, prepare,
+    reduce_rows, HeadRows, Mats, Rows, EXP,
 };
-use crate::tensor_matmul::{build, scalar, ParamBlock, Scalar, Writer};
+use crate::tensor_matmul::{build, Scalar, Writer};
 
-/// The kernel's SPIR-V words (a 16-bit dtype and a head size the caller checked), reading its
-/// parameter block or compiled for the block `fixed`, where `exact`: its blocks cover the
-/// rows and keys ([`TensorAttention::covers`]).
-pub(crate) fn spirv(
-    kernel: &TensorAttention,
-    fixed: Option<&[u32]>,
-    exact: bool,
-) -> Result<Vec<u32>, String> {
-    let s = scalar(kernel.dtype)?;
-    let block = ParamBlock {
-        words: attention_param_words(),
-        word_of: attention_param_word,
-    };
+/// The kernel's SPIR-V words, reading its parameter block or compiled for the block `fixed`
+/// alone; or what stops it (a dtype or head size it does not take).
+pub(crate) fn spirv(kernel: &TensorAttention, fixed: Option<&[u32]>) -> Result<Vec<u32>, String> {
+    let (s, block, exact) = prepare(kernel, fixed)?;
     let mut w = Writer::new(s, s, block);
     w.fixed = fixed.map(<[u32]>::to_vec);
     w.declare_module(&[
@@ -327,7 +318,6 @@ impl Functions {
     /// The functions' bodies, after the entry point.
     fn emit(&self, w: &mut Writer, s: Scalar) -> Result<(), String> {
         let (f, u, b) = (w.float(Scalar::F32), w.u32, w.bool);
-        let zero = w.uint(0);
         let minus_inf = w.constant(f32::NEG_INFINITY);
 
         let [row, _, _, lse_base, i0] = begin(w, self.row_lse, [u, u, f, u, u])?;
@@ -343,21 +333,9 @@ impl Functions {
         end(w, v)?;
 
         let [row, col, score, lse, i0, j0] = begin(w, self.prob, [u, u, f, f, u, u])?;
-        let q_len = w.param("q_len", 0)?;
-        let k_len = w.param("k_len", 0)?;
-        let causal = w.param("causal", 0)?;
+        let seen = key_seen(w, [i0, j0], [row, col])?;
         let scale = w.param("scale", 0)?;
         let scale = w.b.bitcast(f, None, scale).map_err(build)?;
-        let query = w.add(i0, row)?;
-        let key = w.add(j0, col)?;
-        let in_keys = w.inst(Op::ULessThan, b, &[key, k_len])?;
-        // Key j is seen by query i when j + q_len <= i + k_len.
-        let key_end = w.add(key, q_len)?;
-        let query_end = w.add(query, k_len)?;
-        let before = w.inst(Op::ULessThanEqual, b, &[key_end, query_end])?;
-        let unmasked = w.inst(Op::IEqual, b, &[causal, zero])?;
-        let allowed = w.inst(Op::LogicalOr, b, &[unmasked, before])?;
-        let seen = w.inst(Op::LogicalAnd, b, &[in_keys, allowed])?;
         // A row that saw no key (or is past the rows) has lse = -inf: its probabilities are
         // 0, as the row pass has them.
         let finite = w.inst(Op::FOrdGreaterThan, b, &[lse, minus_inf])?;
@@ -378,7 +356,7 @@ impl Functions {
 mod tests {
     use super::*;
     use tessera_core::DType;
-    use tessera_wgsl::AttentionPass;
+    use tessera_wgsl::{attention_param_words, AttentionPass};
 
     #[test]
     fn every_variant_is_a_module_reading_or_fixed() {
@@ -401,8 +379,8 @@ mod tests {
                 ] {
                     words[at(field)] = value;
                 }
-                for (fixed, exact) in [(None, false), (Some(&words[..]), true)] {
-                    let spirv = spirv(&kernel, fixed, exact).unwrap();
+                for fixed in [None, Some(&words[..])] {
+                    let spirv = spirv(&kernel, fixed).unwrap();
                     let mut loader = rspirv::dr::Loader::new();
                     rspirv::binary::parse_words(&spirv, &mut loader).unwrap();
                     let module = loader.module();

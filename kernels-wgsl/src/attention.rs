@@ -278,7 +278,11 @@ pub(crate) fn launch(
                 }
                 return launch("forward", outputs, query_blocks);
             }
-            if attention_products::backward(gpu, inputs, outputs, s[0], causal, params)? {
+            let out_and_lse = [inputs[3], inputs[4]];
+            let pass = AttentionPass::ScoresGradient;
+            let scores_kernel = tensor_kernel(gpu, inputs, &out_and_lse, causal, pass);
+            let products = (s[0], causal, scores_kernel);
+            if attention_products::backward(gpu, inputs, outputs, products, params)? {
                 return Ok(());
             }
             let scratch = gpu.scratch(rows * 4)?;
@@ -307,12 +311,12 @@ pub(crate) fn launch(
 }
 
 /// The backend's tensor-core attention kernel of `pass` over q, k, v (`inputs`' first three)
-/// and the forward's out and lse (`outputs`), where the device has one for these tensors: 16-bit operands of one dtype the
-/// device multiplies on cooperative matrices, a head size it is built for, contiguous q, out
-/// and lse, contiguous key and value rows, whole groups of query heads per key head, a grid
-/// the device allows, and for causal attention no fewer keys than queries (so that every
-/// row sees a key).
-pub(crate) fn tensor_kernel(
+/// and the forward's out and lse (`outputs`), where the device has one for these tensors:
+/// 16-bit operands of one dtype the device multiplies on cooperative matrices, a head size it
+/// is built for, contiguous q, out and lse, contiguous key and value rows, whole groups of
+/// query heads per key head, a grid the device allows, and for causal attention no fewer keys
+/// than queries (so that every row sees a key).
+fn tensor_kernel(
     gpu: &dyn Gpu,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],

@@ -13,17 +13,19 @@
 //!    product added to the `hi` product (f32) in the matmul's epilogue.
 //!
 //! Where the backend has a tensor-core attention kernel for the tensors (`Caps::
-//! tensor_attention`), steps 1 and 2 are one kernel of it ([`AttentionPass::ScoresGradient`]),
-//! which keeps `S` and `dP` in registers and stores only the parts of `P` and `dS`.
+//! tensor_attention`), steps 1 and 2 are one kernel of it
+//! ([`crate::AttentionPass::ScoresGradient`]), which keeps `S` and `dP` in registers and
+//! stores only the parts of `P` and `dS`.
 //!
 //! Rounding `P` and `dS` once to 16 bits, as flash attention does, is not enough: a gradient
 //! that is a small sum of larger terms then misses the catalog's tolerance by several times
 //! (measured on the H100). Grouped query heads share a key head: its `dk` and `dv` are one
 //! product over the rows of all its query heads, so they sum in a fixed order, as every
 //! product here does. The T x T intermediates take 16 bytes a score (S and dP in f32, P and
-//! dS in f32 or as 16-bit parts; 8 where the backend's kernel forms P and dS): attention whose intermediates would not fit one binding each,
-//! or would take more than an eighth of the device's memory, runs the fused kernels, as do CPU
-//! drivers (lavapipe), where the fused kernels are faster.
+//! dS in f32 or as 16-bit parts; 8 where the backend's kernel forms P and dS): attention whose
+//! intermediates would not fit one binding each, or would take more than an eighth of the
+//! device's memory, runs the fused kernels, as do CPU drivers (lavapipe), where the fused
+//! kernels are faster.
 //!
 //! Causal attention's products name what its mask hides ([`Band`]): the backend's
 //! tensor-core kernel then skips score tiles no query sees and the parts of k outside each
@@ -31,10 +33,9 @@
 
 use tessera_core::{DType, Layout, Op, Result, TensorRef};
 
-use crate::attention::{tensor_kernel, AttentionParams};
-use crate::gpu::{AttentionPass, Band, BandKind, Gpu, Source, TensorAttention};
+use crate::gpu::{Band, BandKind, Gpu, Source, TensorAttention};
 use crate::matmul::{self, PLAIN};
-use crate::params::{offsets, param_block, MAX_BINDINGS};
+use crate::params::{offsets, param_block, ParamBlock, MAX_BINDINGS};
 use crate::source::{key, run, run_native};
 
 /// A product with a residual added in its epilogue.
@@ -61,15 +62,16 @@ param_block! {
     }
 }
 
-/// Runs attention's backward (`inputs`: q, k, v, out, lse, dout; `outputs`: dq, dk, dv) as
-/// products; `Ok(false)`, having run nothing, where the device or the tensors do not allow it.
-pub(crate) fn backward(
+/// Runs attention's backward (`inputs`: q, k, v, out, lse, dout; `outputs`: dq, dk, dv) of
+/// `(scale, causal, the backend's tensor-core kernel for its scores' gradients, if any)` as
+/// products, that kernel reading the attention parameters `params` gives for its bindings'
+/// offsets; `Ok(false)`, having run nothing, where the device or the tensors do not allow it.
+pub(crate) fn backward<P: ParamBlock>(
     gpu: &dyn Gpu,
     inputs: &[TensorRef<'_>],
     outputs: &[TensorRef<'_>],
-    scale: f64,
-    causal: bool,
-    params: impl Fn(&[usize]) -> AttentionParams,
+    (scale, causal, scores_kernel): (f64, bool, Option<TensorAttention>),
+    params: impl FnOnce(&[usize]) -> P,
 ) -> Result<bool> {
     let (q, k, v, lse, dout) = (&inputs[0], &inputs[1], &inputs[2], &inputs[4], &inputs[5]);
     let dtype = q.dtype;
@@ -184,15 +186,7 @@ pub(crate) fn backward(
     let lse_rows = at(&[rows], lse.layout.offset);
     let lse_rows = view(lse, &lse_rows);
     let shared_op = Op::AttentionBackward { causal: false };
-    let out_and_lse = [inputs[3], inputs[4]];
-    let tensor = tensor_kernel(
-        gpu,
-        inputs,
-        &out_and_lse,
-        causal,
-        AttentionPass::ScoresGradient,
-    );
-    if let Some(kernel) = tensor {
+    if let Some(kernel) = scores_kernel {
         let ins = [*q, *k, *v, lse_rows, *dout];
         let groups = tq.div_ceil(TensorAttention::ROWS as usize);
         let grid = [groups as u32, (b * hq) as u32, 1];

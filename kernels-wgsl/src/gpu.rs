@@ -142,6 +142,7 @@ pub struct TensorAttention {
     pub dtype: DType,
     /// The head size of q, k and v, one of [`TensorAttention::HEADS`]; also the keys a step.
     pub head: u32,
+    /// What it computes.
     pub pass: AttentionPass,
 }
 

@@ -317,10 +317,156 @@ fn transposed(l: &Layout) -> Layout {
 
 #[cfg(test)]
 mod tests {
+    use std::any::Any;
+    use std::sync::{Arc, Mutex};
+
+    use tessera_core::{Buffer, Limits};
+
     use super::*;
-    use crate::gpu::Build;
+    use crate::gpu::{AttentionPass, Build, Caps, Dispatch};
     use crate::params::ParamBlock;
     use crate::source::source;
+
+    /// Bytes a device would hold, never touched.
+    #[derive(Debug)]
+    struct Bytes(usize);
+
+    impl Buffer for Bytes {
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    /// A GPU that records what each dispatch would run, and runs nothing.
+    struct Recorder {
+        caps: Caps,
+        runs: Mutex<Vec<(String, Source, bool)>>,
+    }
+
+    impl Gpu for Recorder {
+        fn caps(&self) -> &Caps {
+            &self.caps
+        }
+        fn backend(&self) -> &str {
+            "recorder"
+        }
+        fn scratch(&self, bytes: usize) -> Result<Arc<dyn Buffer>> {
+            Ok(Arc::new(Bytes(bytes)))
+        }
+        fn capacity(&self, buffer: &Arc<dyn Buffer>) -> Result<u64> {
+            Ok(buffer.len() as u64)
+        }
+        fn dispatch(
+            &self,
+            dispatch: &Dispatch<'_>,
+            source: &mut dyn FnMut() -> Result<Source>,
+        ) -> Result<()> {
+            let run = (dispatch.key.to_string(), source()?, dispatch.specialize);
+            self.runs.lock().unwrap().push(run);
+            Ok(())
+        }
+    }
+
+    /// A GPU with bf16 tensor cores, and the backend's own attention kernels where
+    /// `tensor_attention`.
+    fn recorder(tensor_attention: bool) -> Recorder {
+        Recorder {
+            caps: Caps {
+                limits: Limits {
+                    max_buffer_bytes: 1 << 34,
+                    max_binding_bytes: 1 << 32,
+                    binding_align: 256,
+                    max_workgroup_size: 1024,
+                    max_workgroups_per_dim: 65535,
+                    memory_bytes: None,
+                },
+                workgroup_memory: 48 << 10,
+                coop_f16: true,
+                coop_bf16: true,
+                cpu: false,
+                tensor_matmul: true,
+                tensor_attention,
+                immediate_words: 64,
+                subgroups: true,
+            },
+            runs: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// What the backward of a causal bf16 attention of `[1, 2, 128, 64]` q, k and v
+    /// dispatches on `gpu`.
+    fn backward_runs(gpu: &Recorder) -> Vec<(String, Source, bool)> {
+        let shape = [1, 2, 128, 64];
+        let rows = Layout::contiguous(&shape);
+        let lse = Layout::contiguous(&shape[..3]);
+        // q, k, v, out, lse, dout, then dq, dk, dv; only the log-sum-exp is f32.
+        let of = |i: usize| match i {
+            4 => (&lse, DType::F32),
+            _ => (&rows, DType::BF16),
+        };
+        let buffers: Vec<Arc<dyn Buffer>> = (0..9)
+            .map(|i| {
+                let (layout, dtype) = of(i);
+                Arc::new(Bytes(layout.numel() * dtype.size())) as Arc<dyn Buffer>
+            })
+            .collect();
+        let tensor = |i: usize| TensorRef {
+            buffer: &buffers[i],
+            layout: of(i).0,
+            dtype: of(i).1,
+        };
+        let inputs: Vec<_> = (0..6).map(tensor).collect();
+        let outputs: Vec<_> = (6..9).map(tensor).collect();
+        let op = Op::AttentionBackward { causal: true };
+        crate::attention::launch(gpu, &op, &inputs, &outputs, &[0.125]).unwrap();
+        gpu.runs.lock().unwrap().drain(..).collect()
+    }
+
+    /// Where the backend has its own attention kernels, the scores' probabilities and
+    /// gradients come from its kernel (compiled for the sizes, which fill whole blocks) and
+    /// no row pass runs; elsewhere the row pass forms them between the products.
+    #[test]
+    fn the_scores_gradient_kernel_replaces_the_products_and_row_pass_where_the_backend_has_it() {
+        let runs = backward_runs(&recorder(true));
+        let scores = |run: &&(String, Source, bool)| {
+            matches!(
+                run.1,
+                Source::TensorAttention(TensorAttention {
+                    pass: AttentionPass::ScoresGradient,
+                    ..
+                })
+            )
+        };
+        let kernel: Vec<_> = runs.iter().filter(scores).collect();
+        assert_eq!(
+            kernel.len(),
+            1,
+            "{:?}",
+            runs.iter().map(|r| &r.0).collect::<Vec<_>>()
+        );
+        assert!(kernel[0].2, "compiled for the sizes");
+        assert!(!runs.iter().any(|r| r.0.contains("scores_grad")));
+        // dv, dq and dk, each as the product of two parts.
+        let products = runs
+            .iter()
+            .filter(|r| matches!(r.1, Source::TensorMatmul(_)));
+        assert_eq!(products.count(), 6);
+
+        let runs = backward_runs(&recorder(false));
+        assert!(!runs.iter().any(|r| scores(&r)));
+        // The row pass, after S and dP as products too.
+        assert_eq!(
+            runs.iter().filter(|r| r.0.contains("scores_grad")).count(),
+            1
+        );
+        let products = runs
+            .iter()
+            .filter(|r| matches!(r.1, Source::TensorMatmul(_)));
+        assert_eq!(products.count(), 8);
+    }
 
     /// The row pass runs only on devices with tensor cores (not lavapipe), so its WGSL is at
     /// least checked everywhere, for each dtype it writes, with and without subgroups.

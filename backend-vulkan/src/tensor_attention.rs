@@ -182,67 +182,49 @@ fn main(
     w.b.store(o_sum_var, zero_sums, None, []).map_err(build)?;
     w.b.store(l_var, zero_sums, None, []).map_err(build)?;
     w.b.store(m_var, hidden_sums, None, []).map_err(build)?;
-    w.b.store(j_var, zero, None, []).map_err(build)?;
-    let (header, body, step, merge) = (w.b.id(), w.b.id(), w.b.id(), w.b.id());
-    w.b.branch(header).map_err(build)?;
-
-    w.b.begin_block(Some(header)).map_err(build)?;
-    let j0 = w.b.load(u, None, j_var, None, []).map_err(build)?;
-    let more = w.b.u_less_than(w.bool, None, j0, keys_end).map_err(build)?;
-    w.b.loop_merge(merge, step, LoopControl::NONE, [])
-        .map_err(build)?;
-    w.b.branch_conditional(more, body, merge, [])
-        .map_err(build)?;
-
-    w.b.begin_block(Some(body)).map_err(build)?;
-    let k_t = k_rows.load(w, [b_mat, zero_b], j0, [d, d], Some(transpose))?;
-    let scores =
-        w.b.cooperative_matrix_mul_add_khr(sums, None, q, k_t, zero_sums, None)
-            .map_err(build)?;
-    let scores = w.inst(Op::MatrixTimesScalar, sums, &[scores, scale])?;
-    let scores = per_element(w, sums, scores, fns.mask, &[i0, j0])?;
-    let row_max = reduce_rows(w, sums, scores, fns.max_of)?;
-    let m_old = w.b.load(sums, None, m_var, None, []).map_err(build)?;
-    let m_new = per_element(w, sums, row_max, fns.larger, &[m_old])?;
-    let p = per_element(w, sums, scores, fns.exp_diff, &[m_new])?;
-    let rescale = per_element(w, sums, m_old, fns.exp_diff, &[m_new])?;
-    let row_sum = reduce_rows(w, sums, p, fns.sum_of)?;
-    let l = w.b.load(sums, None, l_var, None, []).map_err(build)?;
-    let l = w.inst(Op::FMul, sums, &[l, rescale])?;
-    let l = w.inst(Op::FAdd, sums, &[l, row_sum])?;
-    w.b.store(l_var, l, None, []).map_err(build)?;
-    w.b.store(m_var, m_new, None, []).map_err(build)?;
-    // P as hi + lo in the operands' dtype. `hi` is rounded with integer operations: a
-    // conversion to 16 bits and back may be folded away by the driver's compiler (then `lo`
-    // is zero: measured, f16 outputs off by the rounding of P).
-    let hi = per_element(w, sums, p, fns.split, &[])?;
-    let lo = w.inst(Op::FSub, sums, &[p, hi])?;
-    let hi16 = w.b.f_convert(sums16, None, hi).map_err(build)?;
-    let lo16 = w.b.f_convert(sums16, None, lo).map_err(build)?;
-    let p_hi =
-        w.b.cooperative_matrix_convert_nv(a_mat, None, hi16)
-            .map_err(build)?;
-    let p_lo =
-        w.b.cooperative_matrix_convert_nv(a_mat, None, lo16)
-            .map_err(build)?;
-    let v = v_rows.load(w, [b_mat, zero_b], j0, [d, d], None)?;
-    let o = w.b.load(sums, None, o_sum_var, None, []).map_err(build)?;
-    let o = w.inst(Op::FMul, sums, &[o, rescale])?;
-    let o =
-        w.b.cooperative_matrix_mul_add_khr(sums, None, p_hi, v, o, None)
-            .map_err(build)?;
-    let o =
-        w.b.cooperative_matrix_mul_add_khr(sums, None, p_lo, v, o, None)
-            .map_err(build)?;
-    w.b.store(o_sum_var, o, None, []).map_err(build)?;
-    w.b.branch(step).map_err(build)?;
-
-    w.b.begin_block(Some(step)).map_err(build)?;
-    let next = w.add(j0, c_d)?;
-    w.b.store(j_var, next, None, []).map_err(build)?;
-    w.b.branch(header).map_err(build)?;
-
-    w.b.begin_block(Some(merge)).map_err(build)?;
+    counted_loop(w, j_var, zero, keys_end, c_d, &mut |w, j0| {
+        let k_t = k_rows.load(w, [b_mat, zero_b], j0, [d, d], Some(transpose))?;
+        let scores =
+            w.b.cooperative_matrix_mul_add_khr(sums, None, q, k_t, zero_sums, None)
+                .map_err(build)?;
+        let scores = w.inst(Op::MatrixTimesScalar, sums, &[scores, scale])?;
+        let scores = per_element(w, sums, scores, fns.mask, &[i0, j0])?;
+        let row_max = reduce_rows(w, sums, scores, fns.max_of)?;
+        let m_old = w.b.load(sums, None, m_var, None, []).map_err(build)?;
+        let m_new = per_element(w, sums, row_max, fns.larger, &[m_old])?;
+        let p = per_element(w, sums, scores, fns.exp_diff, &[m_new])?;
+        let rescale = per_element(w, sums, m_old, fns.exp_diff, &[m_new])?;
+        let row_sum = reduce_rows(w, sums, p, fns.sum_of)?;
+        let l = w.b.load(sums, None, l_var, None, []).map_err(build)?;
+        let l = w.inst(Op::FMul, sums, &[l, rescale])?;
+        let l = w.inst(Op::FAdd, sums, &[l, row_sum])?;
+        w.b.store(l_var, l, None, []).map_err(build)?;
+        w.b.store(m_var, m_new, None, []).map_err(build)?;
+        // P as hi + lo in the operands' dtype. `hi` is rounded with integer operations: a
+        // conversion to 16 bits and back may be folded away by the driver's compiler (then `lo`
+        // is zero: measured, f16 outputs off by the rounding of P).
+        let hi = per_element(w, sums, p, fns.split, &[])?;
+        let lo = w.inst(Op::FSub, sums, &[p, hi])?;
+        let hi16 = w.b.f_convert(sums16, None, hi).map_err(build)?;
+        let lo16 = w.b.f_convert(sums16, None, lo).map_err(build)?;
+        let p_hi =
+            w.b.cooperative_matrix_convert_nv(a_mat, None, hi16)
+                .map_err(build)?;
+        let p_lo =
+            w.b.cooperative_matrix_convert_nv(a_mat, None, lo16)
+                .map_err(build)?;
+        let v = v_rows.load(w, [b_mat, zero_b], j0, [d, d], None)?;
+        let o = w.b.load(sums, None, o_sum_var, None, []).map_err(build)?;
+        let o = w.inst(Op::FMul, sums, &[o, rescale])?;
+        let o =
+            w.b.cooperative_matrix_mul_add_khr(sums, None, p_hi, v, o, None)
+                .map_err(build)?;
+        let o =
+            w.b.cooperative_matrix_mul_add_khr(sums, None, p_lo, v, o, None)
+                .map_err(build)?;
+        w.b.store(o_sum_var, o, None, []).map_err(build)?;
+        Ok(())
+    })?;
     let o = w.b.load(sums, None, o_sum_var, None, []).map_err(build)?;
     let l = w.b.load(sums, None, l_var, None, []).map_err(build)?;
     let m = w.b.load(sums, None, m_var, None, []).map_err(build)?;
@@ -445,6 +427,38 @@ impl Rows {
         let slice = w.slice(self.layout, self.clamp, [row, column], size)?;
         w.store_tensor(self.ptr, matrix, slice)
     }
+}
+
+/// A loop of `body` over `var` from `start` while below `end`, stepping by `step`; `var` holds
+/// the first value not below `end` after it.
+pub(crate) fn counted_loop(
+    w: &mut Writer,
+    var: Word,
+    start: Word,
+    end: Word,
+    step: Word,
+    body: &mut dyn FnMut(&mut Writer, Word) -> Result<(), String>,
+) -> Result<(), String> {
+    let u = w.u32;
+    w.b.store(var, start, None, []).map_err(build)?;
+    let (header, block, next, merge) = (w.b.id(), w.b.id(), w.b.id(), w.b.id());
+    w.b.branch(header).map_err(build)?;
+    w.b.begin_block(Some(header)).map_err(build)?;
+    let at = w.b.load(u, None, var, None, []).map_err(build)?;
+    let more = w.b.u_less_than(w.bool, None, at, end).map_err(build)?;
+    w.b.loop_merge(merge, next, LoopControl::NONE, [])
+        .map_err(build)?;
+    w.b.branch_conditional(more, block, merge, [])
+        .map_err(build)?;
+    w.b.begin_block(Some(block)).map_err(build)?;
+    body(w, at)?;
+    w.b.branch(next).map_err(build)?;
+    w.b.begin_block(Some(next)).map_err(build)?;
+    let after = w.add(at, step)?;
+    w.b.store(var, after, None, []).map_err(build)?;
+    w.b.branch(header).map_err(build)?;
+    w.b.begin_block(Some(merge)).map_err(build)?;
+    Ok(())
 }
 
 /// Layouts clamp unless the blocks cover the rows: loads past them then read zeros, stores

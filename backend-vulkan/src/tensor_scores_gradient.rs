@@ -28,12 +28,12 @@
 //! barriers a block cost more than the tensor stores they replace).
 
 use rspirv::binary::Assemble;
-use rspirv::spirv::{Capability, LoopControl, Op, StorageClass, Word};
+use rspirv::spirv::{Capability, Op, StorageClass, Word};
 use tessera_wgsl::{attention_param_word, TensorAttention};
 
 use crate::tensor_attention::{
-    begin, clamp_mode, declare, emit_split, emit_sum, end, key_seen, per_element, prepare,
-    reduce_rows, HeadRows, Mats, Rows, EXP,
+    begin, clamp_mode, counted_loop, declare, emit_split, emit_sum, end, key_seen, per_element,
+    prepare, reduce_rows, HeadRows, Mats, Rows, EXP,
 };
 use crate::tensor_matmul::{build, Scalar, Writer};
 
@@ -254,38 +254,6 @@ impl Part {
         }
         Ok(())
     }
-}
-
-/// A loop of `body` over `var` from `start` while below `end`, stepping by `step`; `var` holds
-/// the first value not below `end` after it.
-fn counted_loop(
-    w: &mut Writer,
-    var: Word,
-    start: Word,
-    end: Word,
-    step: Word,
-    body: &mut dyn FnMut(&mut Writer, Word) -> Result<(), String>,
-) -> Result<(), String> {
-    let u = w.u32;
-    w.b.store(var, start, None, []).map_err(build)?;
-    let (header, block, next, merge) = (w.b.id(), w.b.id(), w.b.id(), w.b.id());
-    w.b.branch(header).map_err(build)?;
-    w.b.begin_block(Some(header)).map_err(build)?;
-    let at = w.b.load(u, None, var, None, []).map_err(build)?;
-    let more = w.b.u_less_than(w.bool, None, at, end).map_err(build)?;
-    w.b.loop_merge(merge, next, LoopControl::NONE, [])
-        .map_err(build)?;
-    w.b.branch_conditional(more, block, merge, [])
-        .map_err(build)?;
-    w.b.begin_block(Some(block)).map_err(build)?;
-    body(w, at)?;
-    w.b.branch(next).map_err(build)?;
-    w.b.begin_block(Some(next)).map_err(build)?;
-    let after = w.add(at, step)?;
-    w.b.store(var, after, None, []).map_err(build)?;
-    w.b.branch(header).map_err(build)?;
-    w.b.begin_block(Some(merge)).map_err(build)?;
-    Ok(())
 }
 
 /// The kernel's functions (id, type), called per element or to combine two elements.

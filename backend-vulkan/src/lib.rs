@@ -64,17 +64,21 @@
 //! (`pipelines.rs`) but in kernels marked `INDICES_IN_RANGE`, whose indices are in range by
 //! construction (the matmuls: the tensor-core one went from 93 to 128 TFLOP/s without them).
 //!
-//! Measured (`benches/README.md`): every op conformant in f32, f16 and bf16; on an H100,
-//! GPT-2 124M training at 0.83x PyTorch eager in f32 and 0.73x in bf16, decoding at about
-//! 2,040 tokens/s in f16, matmul 4096^3 at 41 (f32), 283 (f16) and 290 (bf16) TFLOP/s; on an
-//! H200, training at 0.81x in f32 and 0.78x in bf16 (76.8 against 59.7 ms a step; one run of
-//! 81.8), decoding at 2,144 tokens/s.
+//! Measured (`benches/README.md`, "Every target on one tree"): every op conformant in f32, f16
+//! and bf16; on an H200, beside PyTorch in the same call, GPT-2 124M training at 0.82x
+//! PyTorch eager in f32 and 1.00x in bf16 (58.7 against 58.4 ms a step; 0.99x to 1.01x on
+//! other machines), decoding at 2,127 tokens/s in f16, matmul 4096^3 at 40.9 (f32), 280 (f16)
+//! and 284 (bf16) TFLOP/s; on an H100, with older builds, 0.83x in f32 and 0.73x in bf16,
+//! decoding at about 2,040 tokens/s, matmul at 41, 283 and 290 TFLOP/s.
 //!
-//! Not yet here (the backend's issue lists the targets): f16 matmuls at the issue's 300
-//! TFLOP/s (NVIDIA's own reference kernels reach 280 to 292 through Vulkan on the H100;
-//! `tensor_matmul.rs` says what was tried), and bf16 training at PyTorch's speed: next, the
-//! flash backward, the heads' copies (about 6 ms of a step) and the optimizer's four launches
-//! per parameter (about 5 ms).
+//! Not here: f16 matmuls at the issue's 300 TFLOP/s. NVIDIA's own reference kernels reach 280
+//! to 292 through Vulkan, and kernels that stage their own tiles are bound by a workgroup's 48
+//! KiB (`tensor_matmul.rs` says what was tried). Where a bf16 step could still gain (its
+//! profile is in `benches/README.md`): the copies of heads around attention (1.7 ms; attention
+//! reading its heads through strides would drop them), the gradients' casts to f32 (0.9 ms in
+//! 148 launches; an update reading 16-bit gradients would fold them), the bias gradients'
+//! two-step column sums (1.5 ms), and a full flash backward (`tensor_attention.rs` says why it
+//! needs 12 products a block pair).
 
 mod bfloat16;
 mod context;

@@ -531,3 +531,49 @@ fn unreadable_inputs_are_refused_by_name() {
         "{nan}"
     );
 }
+
+/// Where the Vulkan loader finds no driver (its own `VK_DRIVER_FILES` and `VK_ICD_FILENAMES`
+/// name a file that does not exist), the backends over Vulkan list no devices and `tessera
+/// devices` still lists the CPU, says why each has none, and succeeds: probing neither
+/// fails nor crashes. A machine
+/// without the loader itself takes the same path through the loader's failure to load, which
+/// a test cannot arrange while the system has one.
+#[test]
+fn without_a_vulkan_driver_the_vulkan_backends_list_no_devices() {
+    let missing = temp_dir("no-driver").join("no_such_icd.json");
+    let out = tessera()
+        .arg("devices")
+        .env("VK_DRIVER_FILES", &missing)
+        .env("VK_ICD_FILENAMES", &missing)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("cpu:0 ")),
+        "the CPU is listed:\n{stdout}"
+    );
+    let backends = [
+        ("wgpu", cfg!(feature = "wgpu")),
+        ("vulkan", cfg!(feature = "vulkan")),
+    ];
+    for (backend, compiled) in backends {
+        let device_line = |l: &str| {
+            l.strip_prefix(backend)
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        };
+        assert!(
+            !stdout.lines().any(device_line),
+            "{backend} lists a device without a driver:\n{stdout}"
+        );
+        assert!(
+            !compiled || stdout.contains(&format!("{backend}: no devices: ")),
+            "{backend} says why it has no device:\n{stdout}"
+        );
+    }
+}

@@ -116,7 +116,21 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
     Ok(Arc::new(VulkanDevice::open(ordinal)?))
 }
 
+/// Why no device is listed: the loader's or the instance's failure (a machine without the
+/// loader or without a driver), or devices that lack what the backend needs.
+fn why_absent() -> Option<String> {
+    match instance::instance() {
+        Err(why) => Some(why),
+        Ok(instance) if instance.devices.is_empty() => Some(
+            "none of the Vulkan loader's devices has Vulkan 1.2, a compute queue and push \
+             descriptors"
+                .into(),
+        ),
+        Ok(_) => None,
+    }
+}
+
 tessera_core::inventory::submit! {
-    BackendEntry { name: "vulkan", priority: 5, probe, open, why_absent: || None,
+    BackendEntry { name: "vulkan", priority: 5, probe, open, why_absent,
         why_no_collectives: || Some("the vulkan backend has no collective library".into()) }
 }

@@ -61,7 +61,14 @@ fn open(ordinal: usize) -> Result<Arc<dyn Device>> {
     )?))
 }
 
+/// Why no device is listed: wgpu, which this backend runs over Vulkan, finds no adapter.
+fn why_absent() -> Option<String> {
+    probe()
+        .is_empty()
+        .then(|| "wgpu finds no Vulkan adapter (no Vulkan loader or driver)".into())
+}
+
 tessera_core::inventory::submit! {
-    BackendEntry { name: "wgpu", priority: 10, probe, open, why_absent: || None,
+    BackendEntry { name: "wgpu", priority: 10, probe, open, why_absent,
         why_no_collectives: || Some("the wgpu backend has no collective library".into()) }
 }

@@ -122,8 +122,8 @@ fn why_absent() -> Option<String> {
     match instance::instance() {
         Err(why) => Some(why),
         Ok(instance) if instance.devices.is_empty() => Some(
-            "none of the Vulkan loader's devices has Vulkan 1.2, a compute queue and push \
-             descriptors"
+            "none of the Vulkan loader's devices has what the backend needs: Vulkan 1.2, a \
+             compute queue, push descriptors, timeline semaphores and 16-bit storage"
                 .into(),
         ),
         Ok(_) => None,

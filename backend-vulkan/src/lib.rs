@@ -66,8 +66,8 @@
 //!
 //! Measured (`benches/README.md`, "Every target on one tree"): every op conformant in f32, f16
 //! and bf16; on an H200, beside PyTorch in the same call, GPT-2 124M training at 0.82x
-//! PyTorch eager in f32 and 1.00x in bf16 (58.7 against 58.4 ms a step; 0.99x to 1.01x on
-//! other machines), decoding at 2,127 tokens/s in f16, matmul 4096^3 at 40.9 (f32), 280 (f16)
+//! PyTorch eager in f32 and 1.00x to 1.02x in bf16 (58.0 against 58.2 and 57.8 against 59.1
+//! ms a step), decoding at 2,127 tokens/s in f16, matmul 4096^3 at 40.9 (f32), 280 (f16)
 //! and 284 (bf16) TFLOP/s; on an H100, with older builds, 0.83x in f32 and 0.73x in bf16,
 //! decoding at about 2,040 tokens/s, matmul at 41, 283 and 290 TFLOP/s.
 //!
@@ -77,7 +77,7 @@
 //! profile is in `benches/README.md`): the copies of heads around attention (1.7 ms; attention
 //! reading its heads through strides would drop them), the gradients' casts to f32 (0.9 ms in
 //! 148 launches; an update reading 16-bit gradients would fold them), the bias gradients'
-//! two-step column sums (1.5 ms), and a full flash backward (`tensor_attention.rs` says why it
+//! two-step column sums (1.2 ms), and a full flash backward (`tensor_attention.rs` says why it
 //! needs 12 products a block pair).
 
 mod bfloat16;

@@ -200,22 +200,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // @kernel reduce_columns_finish
-// Reductions over the rows of a matrix, second step: a thread per output combines its
-// `chunks` results from binding 3 in order and writes the output.
+// Reductions over the rows of a matrix, second step: a workgroup takes 16 consecutive outputs,
+// sixteen threads each (`FINISH_OUTPUTS` in reduce.rs). Thread `part` of an output combines
+// its chunks `part`, `part + 16`, ... from binding 3 in order, then the first thread combines
+// the sixteen in order and writes the output: the same order on every run, and a sixteenth
+// of the dependent loads of a thread walking all the chunks (a bias gradient of 768 outputs
+// over 32 chunks had three workgroups waiting on 32 loads each).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let nout = params.rows;
     let nred = params.row_len;
-    let step = group_count(nwg) * WG;
-    for (var o = group_index(wid, nwg) * WG + lid; o < nout; o += step) {
+    let blocks = (nout + 15u) / 16u;
+    let part = lid / 16u;
+    for (var t = group_index(wid, nwg); t < blocks; t += group_count(nwg)) {
+        let o = t * 16u + lid % 16u;
         var acc = INIT;
-        for (var c = 0u; c < params.chunks; c++) {
-            let a = acc;
-            let b = ld3(params.offsets[2] + c * nout + o);
-            acc = COMBINE;
+        if (o < nout) {
+            for (var c = part; c < params.chunks; c += 16u) {
+                let a = acc;
+                let b = ld3(params.offsets[2] + c * nout + o);
+                acc = COMBINE;
+            }
         }
-        let v = acc;
-        st2(params.offsets[1] + o, FINISH);
+        red[lid] = acc;
+        workgroupBarrier();
+        if (lid < 16u && o < nout) {
+            var v = red[lid];
+            for (var q = 1u; q < 16u; q++) {
+                let a = v;
+                let b = red[lid + 16u * q];
+                v = COMBINE;
+            }
+            st2(params.offsets[1] + o, FINISH);
+        }
+        workgroupBarrier();
     }
 }
 

@@ -25,6 +25,8 @@ const THREAD_REDUCE_MAX: usize = 64;
 pub(crate) const COLUMN_CHUNK: usize = 256;
 /// The most chunks those kernels split the rows into (their finishing threads walk them).
 pub(crate) const MAX_COLUMN_CHUNKS: usize = 128;
+/// Outputs a workgroup of `reduce_columns_finish` takes, sixteen threads each.
+const FINISH_OUTPUTS: usize = 16;
 
 /// The chunks `reduce_columns` splits a reduction's rows into, where it applies: one reduced
 /// dimension that is not contiguous, at least [`THREAD_REDUCE_MAX`] long, over at least 64
@@ -81,7 +83,10 @@ fn reduce_columns(
     };
     let steps = [
         ("reduce_columns", (nout.div_ceil(64) * chunks) as u64),
-        ("reduce_columns_finish", groups_for(nout)),
+        (
+            "reduce_columns_finish",
+            nout.div_ceil(FINISH_OUTPUTS) as u64,
+        ),
     ];
     for (section, groups) in steps {
         run(

@@ -34,6 +34,9 @@ pub(super) fn reduce(kind: ReduceOp) -> Vec<Sample> {
         // Column reductions over more than one workgroup's outputs, of rows merged from two
         // axes.
         case(&[3, 200, 520], &[0, 1], false, View::Contiguous, u()),
+        // Rows in more chunks (20) than a column reduction's finishing step has threads an
+        // output (16), over outputs that are not a whole number of its workgroups.
+        case(&[5000, 70], &[0], false, View::Contiguous, u()),
         case(&[70_000, 3], &[1], false, View::Contiguous, u()),
         case(
             &[4, 5, 6],
